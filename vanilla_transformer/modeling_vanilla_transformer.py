@@ -1,0 +1,818 @@
+"""The Transformer of "Attention Is All You Need" (Vaswani et al., 2017), as a transformers model.
+
+Section numbers (§) refer to the paper. This file is copied into every saved checkpoint (``trust_remote_code``), so it
+imports only torch, transformers and its sibling configuration file.
+"""
+
+import math
+from collections.abc import Callable
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+from transformers import initialization as init
+from transformers.activations import ACT2FN
+from transformers.cache_utils import Cache, DynamicCache, EncoderDecoderCache
+from transformers.generation import GenerationMixin
+from transformers.masking_utils import create_bidirectional_mask, create_causal_mask
+from transformers.modeling_layers import GradientCheckpointingLayer
+from transformers.modeling_outputs import (
+    BaseModelOutput,
+    BaseModelOutputWithPastAndCrossAttentions,
+    Seq2SeqLMOutput,
+    Seq2SeqModelOutput,
+    Seq2SeqSequenceClassifierOutput,
+)
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS, PreTrainedModel
+from transformers.utils import can_return_tuple, logging
+from transformers.utils.deprecation import deprecate_kwarg
+
+from .configuration_vanilla_transformer import VanillaTransformerConfig
+
+logger = logging.get_logger(__name__)
+
+
+def shift_tokens_right(input_ids: torch.Tensor, pad_token_id: int | None, decoder_start_token_id: int | None):
+    """Teacher forcing (§3.1): the decoder input is the target shifted one position right, behind a start token."""
+    if decoder_start_token_id is None:
+        raise ValueError(
+            "`config.decoder_start_token_id` is None, but it is needed to build `decoder_input_ids` from `labels` "
+            "or `input_ids`; set it in the config (the paper's start symbol, usually the bos id)."
+        )
+    if pad_token_id is None:
+        raise ValueError("`config.pad_token_id` is None, but it is needed to replace -100 in shifted labels.")
+    shifted = input_ids.new_empty(input_ids.shape)
+    shifted[:, 1:] = input_ids[:, :-1]
+    shifted[:, 0] = decoder_start_token_id
+    return shifted.masked_fill_(shifted == -100, pad_token_id)
+
+
+class SinusoidalPositionalEncoding(nn.Module):
+    """PE(pos, 2i) = sin(pos / 10000^(2i/d_model)), PE(pos, 2i+1) = cos(pos / 10000^(2i/d_model)) (§3.5).
+
+    Computed from the positions on every call rather than read from a table: it costs a few element-wise ops, extends
+    to any length, and leaves no buffer that could come back uninitialised from ``from_pretrained``.
+    """
+
+    def __init__(self, d_model: int):
+        super().__init__()
+        self.d_model = d_model
+
+    def forward(self, position_ids: torch.Tensor) -> torch.Tensor:
+        # (d_model / 2,): 1 / 10000^(2i / d_model), in fp32 whatever the model's dtype
+        inv_freq = torch.exp(
+            torch.arange(0, self.d_model, 2, device=position_ids.device, dtype=torch.float32)
+            * (-math.log(10000.0) / self.d_model)
+        )
+        angles = position_ids.to(torch.float32)[..., None] * inv_freq  # (..., seq_len, d_model / 2)
+        # interleave so that even dimensions hold sin and odd dimensions hold cos, as in the paper
+        return torch.stack((angles.sin(), angles.cos()), dim=-1).flatten(-2)  # (..., seq_len, d_model)
+
+
+class LearnedPositionalEmbedding(nn.Embedding):
+    """Learned positional embeddings, the variant the paper compares in Table 3 row (E)."""
+
+    def forward(self, position_ids: torch.Tensor) -> torch.Tensor:
+        if (
+            not torch.compiler.is_compiling()
+            and position_ids.numel()
+            and int(position_ids.max()) >= self.num_embeddings
+        ):
+            raise ValueError(
+                f"Sequence too long: position {int(position_ids.max())} needs more than "
+                f"max_position_embeddings={self.num_embeddings} learned positions; shorten the input or use "
+                "position_embedding_type='sinusoidal', which extends to any length."
+            )
+        return super().forward(position_ids)
+
+
+def scaled_dot_product_attention(
+    module: nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    scaling: float,
+    dropout: float = 0.0,
+    **kwargs,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Attention(Q, K, V) = softmax(QKᵀ / √d_k) V (§3.2.1, Eq. 1): the "eager" implementation, which returns weights.
+
+    The mask is additive and filled with the dtype's minimum (never -inf), so a fully padded row stays finite.
+    """
+    scores = torch.matmul(query, key.transpose(-1, -2)) * scaling  # (batch, heads, q_len, kv_len)
+    if attention_mask is not None:
+        if attention_mask.dtype == torch.bool:
+            attention_mask = torch.where(attention_mask, 0.0, torch.finfo(scores.dtype).min).to(scores.dtype)
+        scores = scores + attention_mask
+    weights = F.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)  # normalise over the keys
+    weights = F.dropout(weights, p=dropout, training=module.training)
+    output = torch.matmul(weights, value)  # (batch, heads, q_len, head_dim)
+    return output.transpose(1, 2), weights  # (batch, q_len, heads, head_dim)
+
+
+class MultiHeadAttention(nn.Module):
+    """MultiHead(Q, K, V) = Concat(head_1, ..., head_h) W^O, head_i = Attention(Q W_i^Q, K W_i^K, V W_i^V) (§3.2.2).
+
+    One module serves encoder self-attention, masked decoder self-attention and encoder-decoder attention (§3.2.3).
+    Self-attention projects Q, K and V with one fused matrix; encoder-decoder attention fuses K and V, which are
+    computed once per source sentence and kept in the cache during generation.
+    """
+
+    def __init__(
+        self,
+        config: VanillaTransformerConfig,
+        num_heads: int,
+        is_causal: bool = False,
+        is_cross_attention: bool = False,
+        layer_idx: int | None = None,
+    ):
+        super().__init__()
+        self.config = config
+        self.num_heads = num_heads
+        self.head_dim = config.d_model // num_heads
+        self.scaling = self.head_dim**-0.5  # 1 / √d_k
+        self.dropout = config.attention_dropout
+        # Read by transformers' sdpa/flash interfaces: encoder and cross-attention must say False explicitly, since
+        # the interface assumes causal attention when no mask is given.
+        self.is_causal = is_causal
+        self.is_cross_attention = is_cross_attention
+        self.layer_idx = layer_idx
+        d_model = config.d_model
+        if is_cross_attention:
+            self.q_proj = nn.Linear(d_model, d_model)
+            self.kv_proj = nn.Linear(d_model, 2 * d_model)
+        else:
+            self.qkv_proj = nn.Linear(d_model, 3 * d_model)
+        self.out_proj = nn.Linear(d_model, d_model)
+
+    def _split_heads(self, x: torch.Tensor) -> torch.Tensor:
+        # (batch, len, d_model) -> (batch, heads, len, head_dim): a view then a transpose, never a bare view
+        return x.view(*x.shape[:-1], self.num_heads, self.head_dim).transpose(1, 2)
+
+    @deprecate_kwarg("past_key_values", "5.40.0", new_name="cache")
+    def forward(
+        self,
+        hidden_states: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        key_value_states: torch.Tensor | None = None,
+        cache: Cache | None = None,
+        **kwargs,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        batch_size, q_len, _ = hidden_states.shape
+        if self.is_cross_attention:
+            query = self._split_heads(self.q_proj(hidden_states))
+            cross_cache = cache.cross_attention_cache if isinstance(cache, EncoderDecoderCache) else None
+            if cross_cache is not None and cache.is_updated.get(self.layer_idx):
+                # the source sentence does not change while decoding: reuse its keys and values
+                key = cross_cache.layers[self.layer_idx].keys
+                value = cross_cache.layers[self.layer_idx].values
+            else:
+                key, value = self.kv_proj(key_value_states).chunk(2, dim=-1)
+                key, value = self._split_heads(key), self._split_heads(value)  # (batch, heads, src_len, head_dim)
+                if cross_cache is not None:
+                    key, value = cross_cache.update(key, value, self.layer_idx)
+                    cache.is_updated[self.layer_idx] = True
+        else:
+            qkv = self.qkv_proj(hidden_states)  # (batch, q_len, 3 * d_model)
+            query, key, value = (self._split_heads(t) for t in qkv.chunk(3, dim=-1))  # (batch, heads, q_len, head_dim)
+            if cache is not None:
+                self_cache = cache.self_attention_cache if isinstance(cache, EncoderDecoderCache) else cache
+                key, value = self_cache.update(key, value, self.layer_idx)
+
+        attention_interface: Callable = scaled_dot_product_attention
+        if self.config._attn_implementation != "eager":
+            attention_interface = ALL_ATTENTION_FUNCTIONS[self.config._attn_implementation]
+        output, weights = attention_interface(
+            self,
+            query,
+            key,
+            value,
+            attention_mask,
+            dropout=self.dropout if self.training else 0.0,
+            scaling=self.scaling,
+            **kwargs,
+        )
+        output = output.reshape(batch_size, q_len, -1)  # concatenate the heads: (batch, q_len, d_model)
+        return self.out_proj(output), weights
+
+
+class PositionwiseFeedForward(nn.Module):
+    """FFN(x) = max(0, x W_1 + b_1) W_2 + b_2, applied to each position separately (§3.3, Eq. 2)."""
+
+    def __init__(self, config: VanillaTransformerConfig, ffn_dim: int):
+        super().__init__()
+        self.fc1 = nn.Linear(config.d_model, ffn_dim)
+        self.activation = ACT2FN[config.activation_function]
+        self.activation_dropout = config.activation_dropout
+        self.fc2 = nn.Linear(ffn_dim, config.d_model)
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        hidden_states = self.activation(self.fc1(hidden_states))
+        hidden_states = F.dropout(hidden_states, p=self.activation_dropout, training=self.training)
+        return self.fc2(hidden_states)
+
+
+class AddAndNorm(nn.Module):
+    """The "Add & Norm" box of Figure 1: LayerNorm(x + Dropout(Sublayer(x))) (§3.1, §5.4).
+
+    With ``normalize_before`` (pre-norm) the LayerNorm moves to the sub-layer's input instead:
+    x + Dropout(Sublayer(LayerNorm(x))), and each stack ends with a final LayerNorm.
+    """
+
+    def __init__(self, config: VanillaTransformerConfig):
+        super().__init__()
+        self.normalize_before = config.normalize_before
+        self.dropout = config.dropout
+        self.layer_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps)
+
+    def sublayer_input(self, x: torch.Tensor) -> torch.Tensor:
+        return self.layer_norm(x) if self.normalize_before else x
+
+    def forward(self, residual: torch.Tensor, sublayer_output: torch.Tensor) -> torch.Tensor:
+        x = residual + F.dropout(sublayer_output, p=self.dropout, training=self.training)
+        return x if self.normalize_before else self.layer_norm(x)
+
+
+class EncoderLayer(GradientCheckpointingLayer):
+    """One encoder layer: self-attention, then a position-wise feed-forward network, each with Add & Norm (§3.1)."""
+
+    def __init__(self, config: VanillaTransformerConfig, layer_idx: int):
+        super().__init__()
+        self.self_attn = MultiHeadAttention(config, config.encoder_attention_heads, layer_idx=layer_idx)
+        self.self_attn_norm = AddAndNorm(config)
+        self.feed_forward = PositionwiseFeedForward(config, config.encoder_ffn_dim)
+        self.feed_forward_norm = AddAndNorm(config)
+
+    def forward(
+        self, hidden_states: torch.Tensor, attention_mask: torch.Tensor | None = None, **kwargs
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        attn_output, attn_weights = self.self_attn(
+            self.self_attn_norm.sublayer_input(hidden_states), attention_mask=attention_mask, **kwargs
+        )
+        hidden_states = self.self_attn_norm(hidden_states, attn_output)
+        ffn_output = self.feed_forward(self.feed_forward_norm.sublayer_input(hidden_states))
+        hidden_states = self.feed_forward_norm(hidden_states, ffn_output)
+        return hidden_states, attn_weights
+
+
+class DecoderLayer(GradientCheckpointingLayer):
+    """One decoder layer: masked self-attention, encoder-decoder attention and a feed-forward network (§3.1)."""
+
+    def __init__(self, config: VanillaTransformerConfig, layer_idx: int):
+        super().__init__()
+        heads = config.decoder_attention_heads
+        self.self_attn = MultiHeadAttention(config, heads, is_causal=True, layer_idx=layer_idx)
+        self.self_attn_norm = AddAndNorm(config)
+        self.encoder_attn = MultiHeadAttention(config, heads, is_cross_attention=True, layer_idx=layer_idx)
+        self.encoder_attn_norm = AddAndNorm(config)
+        self.feed_forward = PositionwiseFeedForward(config, config.decoder_ffn_dim)
+        self.feed_forward_norm = AddAndNorm(config)
+
+    @deprecate_kwarg("past_key_values", "5.40.0", new_name="cache")
+    def forward(
+        self,
+        hidden_states: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        encoder_hidden_states: torch.Tensor | None = None,
+        encoder_attention_mask: torch.Tensor | None = None,
+        cache: Cache | None = None,
+        **kwargs,
+    ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+        attn_output, self_attn_weights = self.self_attn(
+            self.self_attn_norm.sublayer_input(hidden_states), attention_mask=attention_mask, cache=cache, **kwargs
+        )
+        hidden_states = self.self_attn_norm(hidden_states, attn_output)
+        attn_output, cross_attn_weights = self.encoder_attn(
+            self.encoder_attn_norm.sublayer_input(hidden_states),
+            attention_mask=encoder_attention_mask,
+            key_value_states=encoder_hidden_states,
+            cache=cache,
+            **kwargs,
+        )
+        hidden_states = self.encoder_attn_norm(hidden_states, attn_output)
+        ffn_output = self.feed_forward(self.feed_forward_norm.sublayer_input(hidden_states))
+        hidden_states = self.feed_forward_norm(hidden_states, ffn_output)
+        return hidden_states, self_attn_weights, cross_attn_weights
+
+
+class VanillaTransformerPreTrainedModel(PreTrainedModel):
+    config_class = VanillaTransformerConfig
+    config: VanillaTransformerConfig
+    base_model_prefix = "model"
+    supports_gradient_checkpointing = True
+    _no_split_modules = ["EncoderLayer", "DecoderLayer"]
+    _supports_flash_attn = True
+    _supports_sdpa = True
+    _supports_flex_attn = True
+    _supports_attention_backend = True
+    _can_compile_fullgraph = True
+
+    def _init_weights(self, module: nn.Module) -> None:
+        """Xavier-uniform linear layers with zero biases (Glorot & Bengio, 2010; the scheme of the reference
+        tensor2tensor/fairseq implementations); N(0, init_std = d_model^-0.5) embeddings, so that embeddings
+        × √d_model have unit variance like the sinusoids added to them; a zero padding row; LayerNorm at identity."""
+        if isinstance(module, nn.Linear):
+            init.xavier_uniform_(module.weight)
+            if module.bias is not None:
+                init.zeros_(module.bias)
+        elif isinstance(module, nn.Embedding):
+            init.normal_(module.weight, mean=0.0, std=self.config.init_std)
+            if module.padding_idx is not None and not getattr(module.weight, "_is_hf_initialized", False):
+                init.zeros_(module.weight[module.padding_idx])
+        elif isinstance(module, nn.LayerNorm):
+            init.ones_(module.weight)
+            init.zeros_(module.bias)
+
+
+def _embed_positions(config: VanillaTransformerConfig) -> nn.Module:
+    if config.position_embedding_type == "learned":
+        return LearnedPositionalEmbedding(config.max_position_embeddings, config.d_model)
+    return SinusoidalPositionalEncoding(config.d_model)
+
+
+class Encoder(nn.Module):
+    """The encoder: embeddings × √d_model + positional encoding, then a stack of N EncoderLayers (§3.1, §3.4, §3.5)."""
+
+    def __init__(self, config: VanillaTransformerConfig, embed_tokens: nn.Embedding):
+        super().__init__()
+        self.config = config
+        self.embed_tokens = embed_tokens
+        self.embed_scale = math.sqrt(config.d_model) if config.scale_embedding else 1.0
+        self.embed_positions = _embed_positions(config)
+        self.dropout = config.dropout
+        self.layers = nn.ModuleList(EncoderLayer(config, i) for i in range(config.encoder_layers))
+        self.layer_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps) if config.normalize_before else None
+        self.gradient_checkpointing = False
+
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        output_attentions: bool | None = None,
+        output_hidden_states: bool | None = None,
+        return_dict: bool | None = None,
+        **kwargs,
+    ) -> BaseModelOutput | tuple:
+        output_attentions = _resolve(output_attentions, self.config.output_attentions)
+        output_hidden_states = _resolve(output_hidden_states, self.config.output_hidden_states)
+        return_dict = _resolve(return_dict, self.config.return_dict)
+        _check_output_attentions(self.config, output_attentions)
+        if (input_ids is None) == (inputs_embeds is None):
+            raise ValueError("Pass exactly one of `input_ids` or `inputs_embeds` to the encoder.")
+        if inputs_embeds is None:
+            inputs_embeds = self.embed_tokens(input_ids)
+        positions = torch.arange(inputs_embeds.shape[1], device=inputs_embeds.device)
+        hidden_states = inputs_embeds * self.embed_scale + self.embed_positions(positions).to(inputs_embeds.dtype)
+        hidden_states = F.dropout(hidden_states, p=self.dropout, training=self.training)
+
+        # built once for all layers: None (nothing padded, sdpa) or (batch, 1, src_len, src_len)
+        mask = create_bidirectional_mask(config=self.config, inputs_embeds=inputs_embeds, attention_mask=attention_mask)
+
+        all_hidden_states = () if output_hidden_states else None
+        all_attentions = () if output_attentions else None
+        for layer in self.layers:
+            if output_hidden_states:
+                all_hidden_states += (hidden_states,)
+            hidden_states, attn_weights = layer(hidden_states, mask, **kwargs)
+            if output_attentions:
+                all_attentions += (attn_weights,)
+        if self.layer_norm is not None:
+            hidden_states = self.layer_norm(hidden_states)
+        if output_hidden_states:
+            all_hidden_states += (hidden_states,)
+
+        output = BaseModelOutput(
+            last_hidden_state=hidden_states, hidden_states=all_hidden_states, attentions=all_attentions
+        )
+        return output if return_dict else output.to_tuple()
+
+
+class Decoder(nn.Module):
+    """The decoder: target embeddings + positions, then N DecoderLayers attending to the encoder output (§3.1)."""
+
+    def __init__(self, config: VanillaTransformerConfig, embed_tokens: nn.Embedding):
+        super().__init__()
+        self.config = config
+        self.embed_tokens = embed_tokens
+        self.embed_scale = math.sqrt(config.d_model) if config.scale_embedding else 1.0
+        self.embed_positions = _embed_positions(config)
+        self.dropout = config.dropout
+        self.layers = nn.ModuleList(DecoderLayer(config, i) for i in range(config.decoder_layers))
+        self.layer_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps) if config.normalize_before else None
+        self.gradient_checkpointing = False
+
+    @deprecate_kwarg("past_key_values", "5.40.0", new_name="cache")
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        encoder_hidden_states: torch.Tensor | None = None,
+        encoder_attention_mask: torch.Tensor | None = None,
+        cache: Cache | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        use_cache: bool | None = None,
+        output_attentions: bool | None = None,
+        output_hidden_states: bool | None = None,
+        return_dict: bool | None = None,
+        **kwargs,
+    ) -> BaseModelOutputWithPastAndCrossAttentions | tuple:
+        output_attentions = _resolve(output_attentions, self.config.output_attentions)
+        output_hidden_states = _resolve(output_hidden_states, self.config.output_hidden_states)
+        return_dict = _resolve(return_dict, self.config.return_dict)
+        use_cache = _resolve(use_cache, self.config.use_cache)
+        _check_output_attentions(self.config, output_attentions)
+        if (input_ids is None) == (inputs_embeds is None):
+            raise ValueError("Pass exactly one of `decoder_input_ids` or `decoder_inputs_embeds` to the decoder.")
+        if inputs_embeds is None:
+            inputs_embeds = self.embed_tokens(input_ids)
+        if self.gradient_checkpointing and self.training and use_cache:
+            use_cache = False  # the recomputed forward would write the cache twice
+        if use_cache and cache is None:
+            cache = EncoderDecoderCache(DynamicCache(config=self.config), DynamicCache(config=self.config))
+
+        batch_size, tgt_len = inputs_embeds.shape[:2]
+        past_length = cache.get_seq_length() if cache is not None else 0
+        positions = torch.arange(tgt_len, device=inputs_embeds.device) + past_length
+        hidden_states = inputs_embeds * self.embed_scale + self.embed_positions(positions).to(inputs_embeds.dtype)
+        hidden_states = F.dropout(hidden_states, p=self.dropout, training=self.training)
+
+        # Masks are built once for all layers. Self-attention: causal (§3.2.3, "masking out all values ... which
+        # correspond to illegal connections") and target padding; None when sdpa can use is_causal instead.
+        self_attn_cache = cache.self_attention_cache if isinstance(cache, EncoderDecoderCache) else cache
+        causal_mask = create_causal_mask(
+            config=self.config, inputs_embeds=inputs_embeds, attention_mask=attention_mask, cache=self_attn_cache
+        )
+        # Encoder-decoder attention: the source padding only.
+        cross_mask = create_bidirectional_mask(
+            config=self.config,
+            inputs_embeds=inputs_embeds,
+            attention_mask=encoder_attention_mask,
+            encoder_hidden_states=encoder_hidden_states,
+        )
+
+        all_hidden_states = () if output_hidden_states else None
+        all_self_attns = () if output_attentions else None
+        all_cross_attns = () if output_attentions else None
+        for layer in self.layers:
+            if output_hidden_states:
+                all_hidden_states += (hidden_states,)
+            hidden_states, self_attn, cross_attn = layer(
+                hidden_states,
+                causal_mask,
+                encoder_hidden_states,  # positional, so gradient checkpointing sees it
+                encoder_attention_mask=cross_mask,
+                cache=cache if use_cache else None,
+                **kwargs,
+            )
+            if output_attentions:
+                all_self_attns += (self_attn,)
+                all_cross_attns += (cross_attn,)
+        if self.layer_norm is not None:
+            hidden_states = self.layer_norm(hidden_states)
+        if output_hidden_states:
+            all_hidden_states += (hidden_states,)
+
+        output = BaseModelOutputWithPastAndCrossAttentions(
+            last_hidden_state=hidden_states,
+            cache=cache if use_cache else None,
+            hidden_states=all_hidden_states,
+            attentions=all_self_attns,
+            cross_attentions=all_cross_attns,
+        )
+        return output if return_dict else output.to_tuple()
+
+
+def _resolve(value, default):
+    return default if value is None else value
+
+
+def _check_output_attentions(config: VanillaTransformerConfig, output_attentions: bool) -> None:
+    if output_attentions and config._attn_implementation != "eager":
+        raise ValueError(
+            f"output_attentions=True needs the eager attention, which returns weights; this model uses "
+            f"attn_implementation={config._attn_implementation!r}. Load it with attn_implementation='eager' or call "
+            "model.set_attn_implementation('eager')."
+        )
+
+
+class VanillaTransformerModel(VanillaTransformerPreTrainedModel):
+    """The bare encoder-decoder of Figure 1, returning the decoder's last hidden states."""
+
+    def __init__(self, config: VanillaTransformerConfig):
+        super().__init__(config)
+        if config.share_encoder_decoder_embeddings:
+            # one matrix for source and target tokens (§3.4)
+            self.shared = nn.Embedding(config.vocab_size, config.d_model, config.pad_token_id)
+            encoder_embeddings = decoder_embeddings = self.shared
+            self._tied_weights_keys = {
+                "encoder.embed_tokens.weight": "shared.weight",
+                "decoder.embed_tokens.weight": "shared.weight",
+            }
+        else:
+            encoder_embeddings = nn.Embedding(config.vocab_size, config.d_model, _pad(config, config.vocab_size))
+            decoder_embeddings = nn.Embedding(
+                config.decoder_vocab_size, config.d_model, _pad(config, config.decoder_vocab_size)
+            )
+        self.encoder = Encoder(config, encoder_embeddings)
+        self.decoder = Decoder(config, decoder_embeddings)
+        self.post_init()
+
+    def get_input_embeddings(self) -> nn.Embedding:
+        return self.encoder.embed_tokens
+
+    def set_input_embeddings(self, value: nn.Embedding) -> None:
+        if self.config.share_encoder_decoder_embeddings:
+            self.shared = value
+            self.decoder.embed_tokens = value
+        self.encoder.embed_tokens = value
+
+    def get_encoder(self, modality: str | None = None) -> Encoder:
+        return self.encoder
+
+    def get_decoder(self) -> Decoder:
+        return self.decoder
+
+    @can_return_tuple
+    @deprecate_kwarg("past_key_values", "5.40.0", new_name="cache")
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        decoder_input_ids: torch.LongTensor | None = None,
+        decoder_attention_mask: torch.Tensor | None = None,
+        encoder_outputs: BaseModelOutput | tuple | None = None,
+        cache: Cache | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        decoder_inputs_embeds: torch.Tensor | None = None,
+        use_cache: bool | None = None,
+        output_attentions: bool | None = None,
+        output_hidden_states: bool | None = None,
+        **kwargs,
+    ) -> Seq2SeqModelOutput:
+        if encoder_outputs is None:
+            encoder_outputs = self.encoder(
+                input_ids=input_ids,
+                attention_mask=attention_mask,
+                inputs_embeds=inputs_embeds,
+                output_attentions=output_attentions,
+                output_hidden_states=output_hidden_states,
+                return_dict=True,
+            )
+        elif not isinstance(encoder_outputs, BaseModelOutput):
+            encoder_outputs = BaseModelOutput(
+                last_hidden_state=encoder_outputs[0],
+                hidden_states=encoder_outputs[1] if len(encoder_outputs) > 1 else None,
+                attentions=encoder_outputs[2] if len(encoder_outputs) > 2 else None,
+            )
+        if decoder_input_ids is None and decoder_inputs_embeds is None:
+            if input_ids is None:
+                raise ValueError(
+                    "Pass `decoder_input_ids`, `decoder_inputs_embeds` or `labels` (to the model with a head): "
+                    "the decoder has no input."
+                )
+            # like BART: without a target, the decoder reads the source shifted right
+            decoder_input_ids = shift_tokens_right(
+                input_ids, self.config.pad_token_id, self.config.decoder_start_token_id
+            )
+        decoder_outputs = self.decoder(
+            input_ids=decoder_input_ids,
+            attention_mask=decoder_attention_mask,
+            encoder_hidden_states=encoder_outputs.last_hidden_state,
+            encoder_attention_mask=attention_mask,
+            cache=cache,
+            inputs_embeds=decoder_inputs_embeds,
+            use_cache=use_cache,
+            output_attentions=output_attentions,
+            output_hidden_states=output_hidden_states,
+            return_dict=True,
+        )
+        return Seq2SeqModelOutput(
+            last_hidden_state=decoder_outputs.last_hidden_state,
+            cache=decoder_outputs.cache,
+            decoder_hidden_states=decoder_outputs.hidden_states,
+            decoder_attentions=decoder_outputs.attentions,
+            cross_attentions=decoder_outputs.cross_attentions,
+            encoder_last_hidden_state=encoder_outputs.last_hidden_state,
+            encoder_hidden_states=encoder_outputs.hidden_states,
+            encoder_attentions=encoder_outputs.attentions,
+        )
+
+
+def _pad(config: VanillaTransformerConfig, vocab_size: int) -> int | None:
+    pad = config.pad_token_id
+    return pad if pad is not None and pad < vocab_size else None
+
+
+class VanillaTransformerForConditionalGeneration(VanillaTransformerPreTrainedModel, GenerationMixin):
+    """The Transformer with its pre-softmax linear projection (§3.4) for translation; returns logits, not
+    probabilities. With ``labels`` it returns the token-level cross-entropy (positions labelled -100 are ignored)."""
+
+    def __init__(self, config: VanillaTransformerConfig):
+        super().__init__(config)
+        self.model = VanillaTransformerModel(config)
+        self.lm_head = nn.Linear(config.d_model, config.decoder_vocab_size, bias=False)
+        if config.share_encoder_decoder_embeddings:
+            self._tied_weights_keys = {
+                "lm_head.weight": "model.shared.weight",
+                "model.encoder.embed_tokens.weight": "model.shared.weight",
+                "model.decoder.embed_tokens.weight": "model.shared.weight",
+            }
+        else:
+            self._tied_weights_keys = {"lm_head.weight": "model.decoder.embed_tokens.weight"}
+        self.post_init()
+
+    def get_encoder(self, modality: str | None = None) -> Encoder:
+        return self.model.encoder
+
+    def get_decoder(self) -> Decoder:
+        return self.model.decoder
+
+    def get_output_embeddings(self) -> nn.Linear:
+        return self.lm_head
+
+    def set_output_embeddings(self, new_embeddings: nn.Linear) -> None:
+        self.lm_head = new_embeddings
+
+    def resize_token_embeddings(
+        self, new_num_tokens: int | None = None, pad_to_multiple_of: int | None = None, mean_resizing: bool = True
+    ) -> nn.Embedding:
+        embeddings = super().resize_token_embeddings(new_num_tokens, pad_to_multiple_of, mean_resizing)
+        if self.config.share_encoder_decoder_embeddings:
+            self.config.decoder_vocab_size = self.config.vocab_size
+        return embeddings
+
+    def prepare_decoder_input_ids_from_labels(self, labels: torch.Tensor) -> torch.Tensor:
+        return shift_tokens_right(labels, self.config.pad_token_id, self.config.decoder_start_token_id)
+
+    @can_return_tuple
+    @deprecate_kwarg("past_key_values", "5.40.0", new_name="cache")
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        decoder_input_ids: torch.LongTensor | None = None,
+        decoder_attention_mask: torch.Tensor | None = None,
+        encoder_outputs: BaseModelOutput | tuple | None = None,
+        cache: Cache | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        decoder_inputs_embeds: torch.Tensor | None = None,
+        labels: torch.LongTensor | None = None,
+        use_cache: bool | None = None,
+        output_attentions: bool | None = None,
+        output_hidden_states: bool | None = None,
+        num_items_in_batch: int | torch.Tensor | None = None,
+        **kwargs,
+    ) -> Seq2SeqLMOutput:
+        r"""num_items_in_batch: the number of labelled tokens in the whole (accumulated) batch, passed by Trainer, so
+        that the loss summed over micro-batches is the mean over that batch whatever the accumulation."""
+        if labels is not None:
+            use_cache = False
+            if decoder_input_ids is None and decoder_inputs_embeds is None:
+                decoder_input_ids = self.prepare_decoder_input_ids_from_labels(labels)
+        outputs = self.model(
+            input_ids,
+            attention_mask=attention_mask,
+            decoder_input_ids=decoder_input_ids,
+            decoder_attention_mask=decoder_attention_mask,
+            encoder_outputs=encoder_outputs,
+            cache=cache,
+            inputs_embeds=inputs_embeds,
+            decoder_inputs_embeds=decoder_inputs_embeds,
+            use_cache=use_cache,
+            output_attentions=output_attentions,
+            output_hidden_states=output_hidden_states,
+            return_dict=True,
+        )
+        logits = self.lm_head(outputs.last_hidden_state)  # (batch, tgt_len, target vocab)
+
+        loss = None
+        if labels is not None:
+            if labels.shape != logits.shape[:2]:
+                raise ValueError(
+                    f"`labels` has shape {tuple(labels.shape)} but the decoder produced {tuple(logits.shape[:2])} "
+                    "(batch, target length) positions; labels must match decoder_input_ids position for position."
+                )
+            reduction = "mean" if num_items_in_batch is None else "sum"
+            loss = F.cross_entropy(
+                logits.flatten(0, 1).float(), labels.flatten().to(logits.device), ignore_index=-100, reduction=reduction
+            )
+            if num_items_in_batch is not None:
+                loss = loss / num_items_in_batch
+
+        return Seq2SeqLMOutput(
+            loss=loss,
+            logits=logits,
+            cache=outputs.cache,
+            decoder_hidden_states=outputs.decoder_hidden_states,
+            decoder_attentions=outputs.decoder_attentions,
+            cross_attentions=outputs.cross_attentions,
+            encoder_last_hidden_state=outputs.encoder_last_hidden_state,
+            encoder_hidden_states=outputs.encoder_hidden_states,
+            encoder_attentions=outputs.encoder_attentions,
+        )
+
+
+class VanillaTransformerClassificationHead(nn.Module):
+    """A BART-style sentence classification head over the decoder state at the last end-of-sequence token."""
+
+    def __init__(self, config: VanillaTransformerConfig):
+        super().__init__()
+        self.dense = nn.Linear(config.d_model, config.d_model)
+        self.dropout = config.classifier_dropout
+        self.out_proj = nn.Linear(config.d_model, config.num_labels)
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        hidden_states = F.dropout(hidden_states, p=self.dropout, training=self.training)
+        hidden_states = torch.tanh(self.dense(hidden_states))
+        hidden_states = F.dropout(hidden_states, p=self.dropout, training=self.training)
+        return self.out_proj(hidden_states)
+
+
+class VanillaTransformerForSequenceClassification(VanillaTransformerPreTrainedModel):
+    """Sequence classification with the encoder-decoder (as BART does): the decoder reads the input shifted right,
+    and its hidden state at each sequence's last eos token feeds a classification head."""
+
+    def __init__(self, config: VanillaTransformerConfig):
+        super().__init__(config)
+        self.model = VanillaTransformerModel(config)
+        self.classification_head = VanillaTransformerClassificationHead(config)
+        if config.share_encoder_decoder_embeddings:
+            self._tied_weights_keys = {
+                "model.encoder.embed_tokens.weight": "model.shared.weight",
+                "model.decoder.embed_tokens.weight": "model.shared.weight",
+            }
+        self.post_init()
+
+    @can_return_tuple
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        decoder_input_ids: torch.LongTensor | None = None,
+        decoder_attention_mask: torch.Tensor | None = None,
+        labels: torch.Tensor | None = None,
+        output_attentions: bool | None = None,
+        output_hidden_states: bool | None = None,
+        **kwargs,
+    ) -> Seq2SeqSequenceClassifierOutput:
+        if input_ids is None:
+            raise ValueError("Sequence classification needs `input_ids`: the eos token marks the sentence end.")
+        eos_id = self.config.eos_token_id
+        eos_id = eos_id[0] if isinstance(eos_id, (list, tuple)) else eos_id
+        if eos_id is None:
+            raise ValueError("Sequence classification needs `config.eos_token_id` to find the end of each sentence.")
+        eos_mask = input_ids.eq(eos_id)
+        if not eos_mask.any(dim=1).all():
+            raise ValueError(f"Every sequence must contain the eos token (id {eos_id}) for classification.")
+        outputs = self.model(
+            input_ids,
+            attention_mask=attention_mask,
+            decoder_input_ids=decoder_input_ids,
+            decoder_attention_mask=decoder_attention_mask,
+            use_cache=False,
+            output_attentions=output_attentions,
+            output_hidden_states=output_hidden_states,
+        )
+        # index of each row's last eos: (batch,)
+        positions = torch.arange(input_ids.shape[1], device=input_ids.device)
+        last_eos = torch.where(eos_mask, positions, -1).amax(dim=1)
+        sentence = outputs.last_hidden_state[torch.arange(input_ids.shape[0], device=input_ids.device), last_eos]
+        logits = self.classification_head(sentence)  # (batch, num_labels)
+
+        loss = None
+        if labels is not None:
+            labels = labels.to(logits.device)
+            if self.config.problem_type is None:
+                if self.config.num_labels == 1:
+                    self.config.problem_type = "regression"
+                elif labels.dtype in (torch.long, torch.int):
+                    self.config.problem_type = "single_label_classification"
+                else:
+                    self.config.problem_type = "multi_label_classification"
+            if self.config.problem_type == "regression":
+                loss = F.mse_loss(logits.squeeze(-1), labels.squeeze(-1).to(logits.dtype))
+            elif self.config.problem_type == "single_label_classification":
+                loss = F.cross_entropy(logits.view(-1, self.config.num_labels), labels.view(-1))
+            else:
+                loss = F.binary_cross_entropy_with_logits(logits, labels.to(logits.dtype))
+
+        return Seq2SeqSequenceClassifierOutput(
+            loss=loss,
+            logits=logits,
+            decoder_hidden_states=outputs.decoder_hidden_states,
+            decoder_attentions=outputs.decoder_attentions,
+            cross_attentions=outputs.cross_attentions,
+            encoder_last_hidden_state=outputs.encoder_last_hidden_state,
+            encoder_hidden_states=outputs.encoder_hidden_states,
+            encoder_attentions=outputs.encoder_attentions,
+        )
+
+
+__all__ = [
+    "VanillaTransformerPreTrainedModel",
+    "VanillaTransformerModel",
+    "VanillaTransformerForConditionalGeneration",
+    "VanillaTransformerForSequenceClassification",
+]
