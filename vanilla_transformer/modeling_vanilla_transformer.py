@@ -180,9 +180,10 @@ class MultiHeadAttention(nn.Module):
                 self_cache = cache.self_attention_cache if isinstance(cache, EncoderDecoderCache) else cache
                 key, value = self_cache.update(key, value, self.layer_idx)
 
-        attention_interface: Callable = scaled_dot_product_attention
-        if self.config._attn_implementation != "eager":
-            attention_interface = ALL_ATTENTION_FUNCTIONS[self.config._attn_implementation]
+        # "eager" is the paper's equation below; "sdpa" (the default), flash and flex come from transformers
+        attention_interface: Callable = ALL_ATTENTION_FUNCTIONS.get_interface(
+            self.config._attn_implementation, scaled_dot_product_attention
+        )
         output, weights = attention_interface(
             self,
             query,

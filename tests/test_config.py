@@ -1,0 +1,59 @@
+import pytest
+from transformers import AutoConfig
+
+from vanilla_transformer import VanillaTransformerConfig
+
+
+def test_defaults_are_the_paper_base_model():
+    config = VanillaTransformerConfig()
+    assert (config.d_model, config.encoder_layers, config.decoder_layers) == (512, 6, 6)
+    assert (config.encoder_attention_heads, config.encoder_ffn_dim, config.dropout) == (8, 2048, 0.1)
+    assert config.activation_function == "relu"
+    assert config.position_embedding_type == "sinusoidal"
+    assert config.normalize_before is False and config.scale_embedding is True
+    assert config.share_encoder_decoder_embeddings and config.tie_word_embeddings
+    assert config.is_encoder_decoder
+    # generic tooling reads the standard names
+    assert (config.hidden_size, config.num_attention_heads, config.num_hidden_layers) == (512, 8, 6)
+
+
+def test_generation_defaults_live_on_generation_config_not_on_config():
+    assert "num_beams" not in VanillaTransformerConfig().to_dict()
+
+
+def test_auto_config_round_trip(tmp_path):
+    config = VanillaTransformerConfig(vocab_size=100, d_model=64, encoder_layers=1, normalize_before=True)
+    config.save_pretrained(tmp_path)
+    loaded = AutoConfig.from_pretrained(tmp_path)
+    assert type(loaded) is VanillaTransformerConfig
+    assert loaded.to_diff_dict() == config.to_diff_dict()
+    assert loaded.normalize_before and loaded.d_model == 64
+
+
+@pytest.mark.parametrize(
+    "kwargs, field",
+    [
+        ({"d_model": 30, "encoder_attention_heads": 4}, "encoder_attention_heads"),
+        ({"decoder_attention_heads": 3}, "decoder_attention_heads"),
+        ({"encoder_layers": 0}, "encoder_layers"),
+        ({"vocab_size": -5}, "vocab_size"),
+        ({"encoder_ffn_dim": 0}, "encoder_ffn_dim"),
+        ({"activation_function": "softmax"}, "activation_function"),
+        ({"position_embedding_type": "rotary"}, "position_embedding_type"),
+        ({"dropout": 1.0}, "dropout"),
+        ({"attention_dropout": -0.1}, "attention_dropout"),
+        ({"vocab_size": 10, "pad_token_id": 10}, "pad_token_id"),
+        ({"vocab_size": 10, "eos_token_id": 12}, "eos_token_id"),
+        ({"vocab_size": 10, "decoder_start_token_id": -1}, "decoder_start_token_id"),
+        ({"decoder_vocab_size": 10, "vocab_size": 20}, "decoder_vocab_size"),
+    ],
+)
+def test_invalid_values_raise_naming_field_and_value(kwargs, field):
+    with pytest.raises(ValueError, match=field) as error:
+        VanillaTransformerConfig(**kwargs)
+    assert repr(kwargs[field]) in str(error.value)
+
+
+def test_separate_vocabularies():
+    config = VanillaTransformerConfig(vocab_size=8500, decoder_vocab_size=8000, share_encoder_decoder_embeddings=False)
+    assert (config.vocab_size, config.decoder_vocab_size) == (8500, 8000)

@@ -1,0 +1,425 @@
+"""The plug-in behaves like a native transformers seq2seq model (issue 2)."""
+
+import logging
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+from conftest import tiny_config
+from transformers import AutoModel, AutoModelForSeq2SeqLM, AutoModelForSequenceClassification, GenerationConfig
+from transformers.cache_utils import EncoderDecoderCache
+from transformers.utils import logging as hf_logging
+
+from vanilla_transformer import (
+    VanillaTransformerConfig,
+    VanillaTransformerForConditionalGeneration,
+    VanillaTransformerForSequenceClassification,
+    VanillaTransformerModel,
+)
+from vanilla_transformer.modeling_vanilla_transformer import SinusoidalPositionalEncoding
+
+
+def make_model(attn_implementation: str = "sdpa", **overrides) -> VanillaTransformerForConditionalGeneration:
+    config = tiny_config(**overrides)
+    model = VanillaTransformerForConditionalGeneration(config)
+    model.set_attn_implementation(attn_implementation)
+    return model.eval()
+
+
+def source_batch(batch: int = 3, length: int = 9, pad_last: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+    """Random ids in [3, 64) ending in eos (2); optionally the later rows right-padded with pad (0)."""
+    ids = torch.randint(3, 64, (batch, length))
+    ids[:, -1] = 2
+    mask = torch.ones_like(ids)
+    if pad_last:
+        for row in range(1, batch):
+            cut = length - 2 * row
+            ids[row, cut - 1] = 2
+            ids[row, cut:] = 0
+            mask[row, cut:] = 0
+    return ids, mask
+
+
+# ---------------------------------------------------------------- components
+
+
+def test_sinusoidal_encoding_matches_the_paper_formula():
+    pe = SinusoidalPositionalEncoding(d_model=8)(torch.arange(50))
+    pos, i = 17, 3
+    angle = pos / 10000 ** (2 * i / 8)
+    assert pe.shape == (50, 8)
+    torch.testing.assert_close(pe[pos, 2 * i], torch.tensor(angle).sin())
+    torch.testing.assert_close(pe[pos, 2 * i + 1], torch.tensor(angle).cos())
+    # it extends past any table: position 5000 is still a valid encoding
+    far = SinusoidalPositionalEncoding(d_model=8)(torch.tensor([5000]))
+    assert torch.isfinite(far).all() and far.abs().max() <= 1
+
+
+def test_heads_are_split_with_a_transpose_not_a_bare_view():
+    model = make_model("eager")
+    attention = model.model.encoder.layers[0].self_attn
+    x = torch.randn(2, 5, 32)
+    out, weights = attention(x)
+    assert weights.shape == (2, 4, 5, 5)  # (batch, heads, q_len, kv_len)
+    torch.testing.assert_close(weights.sum(-1), torch.ones(2, 4, 5))  # softmax over the keys
+    # reference: explicit per-head computation
+    q, k, v = attention.qkv_proj(x).chunk(3, dim=-1)
+    heads = []
+    for h in range(4):
+        sl = slice(8 * h, 8 * (h + 1))
+        w = torch.softmax(q[..., sl] @ k[..., sl].transpose(1, 2) / 8**0.5, dim=-1)
+        heads.append(w @ v[..., sl])
+    torch.testing.assert_close(out, attention.out_proj(torch.cat(heads, dim=-1)))
+
+
+def test_layer_norm_uses_biased_variance_and_starts_at_identity():
+    model = make_model()
+    norm = model.model.encoder.layers[0].self_attn_norm.layer_norm
+    assert torch.equal(norm.weight, torch.ones(32)) and torch.equal(norm.bias, torch.zeros(32))
+    x = torch.randn(4, 32)
+    expected = (x - x.mean(-1, keepdim=True)) / torch.sqrt(x.var(-1, unbiased=False, keepdim=True) + 1e-5)
+    torch.testing.assert_close(norm(x), expected)
+
+
+def test_forward_returns_logits_not_probabilities():
+    model = make_model()
+    ids, mask = source_batch()
+    logits = model(input_ids=ids, attention_mask=mask, decoder_input_ids=ids).logits
+    assert not torch.allclose(logits.exp().sum(-1), torch.ones(logits.shape[:2]))
+    assert (logits < 0).any()
+
+
+def test_decoder_self_attention_is_causal():
+    model = make_model()
+    ids, _ = source_batch(1, pad_last=False)
+    decoder_ids = torch.randint(3, 64, (1, 6))
+    changed = decoder_ids.clone()
+    changed[0, 4] = (changed[0, 4] + 1) % 60 + 3
+    a = model(input_ids=ids, decoder_input_ids=decoder_ids).logits
+    b = model(input_ids=ids, decoder_input_ids=changed).logits
+    torch.testing.assert_close(a[:, :4], b[:, :4])  # earlier positions cannot see position 4
+    assert not torch.allclose(a[:, 4:], b[:, 4:])
+
+
+def test_parameter_count_of_the_base_model():
+    """Table 3 reports 65M for the base model; with a 37,000-token shared vocabulary we count 63,082,496."""
+    config = VanillaTransformerConfig(vocab_size=37000)
+    with torch.device("meta"):
+        model = VanillaTransformerForConditionalGeneration(config)
+    total = sum(p.numel() for p in model.parameters())  # tied matrices counted once
+    d, ff, n, v = 512, 2048, 6, 37000
+    attention = 4 * d * d + 4 * d
+    ffn = 2 * d * ff + ff + d
+    norm = 2 * d
+    formula = v * d + n * (attention + ffn + 2 * norm) + n * (2 * attention + ffn + 3 * norm)
+    assert total == formula == 63_082_496
+    assert abs(total - 63e6) <= 1e6
+
+
+# ---------------------------------------------------------------- save / load
+
+
+def test_save_load_round_trip(tmp_path, caplog):
+    model = make_model()
+    model.save_pretrained(tmp_path)
+    files = set(os.listdir(tmp_path))
+    assert "model.safetensors" in files and not any(f.endswith((".bin", ".pt", ".pth")) for f in files)
+    assert {"configuration_vanilla_transformer.py", "modeling_vanilla_transformer.py"} <= files
+
+    hf_logging.enable_propagation()
+    try:
+        with caplog.at_level(logging.WARNING):
+            loaded = AutoModelForSeq2SeqLM.from_pretrained(tmp_path).eval()
+    finally:
+        hf_logging.disable_propagation()
+    assert "newly initialized" not in caplog.text and "corrupted" not in caplog.text.lower()
+    assert type(loaded) is VanillaTransformerForConditionalGeneration
+    ids, mask = source_batch()
+    torch.testing.assert_close(
+        loaded(input_ids=ids, attention_mask=mask, decoder_input_ids=ids).logits,
+        model(input_ids=ids, attention_mask=mask, decoder_input_ids=ids).logits,
+        rtol=0,
+        atol=0,
+    )
+    shared = loaded.model.shared.weight
+    assert loaded.lm_head.weight is shared
+    assert loaded.model.encoder.embed_tokens.weight is shared and loaded.model.decoder.embed_tokens.weight is shared
+
+    half = AutoModelForSeq2SeqLM.from_pretrained(tmp_path, dtype="auto")
+    assert half.dtype == torch.float32
+    model.to(torch.bfloat16).save_pretrained(tmp_path / "bf16")
+    assert AutoModelForSeq2SeqLM.from_pretrained(tmp_path / "bf16", dtype="auto").dtype == torch.bfloat16
+
+
+def test_auto_classes(tmp_path):
+    config = tiny_config()
+    VanillaTransformerModel(config).save_pretrained(tmp_path / "base")
+    assert type(AutoModel.from_pretrained(tmp_path / "base")) is VanillaTransformerModel
+    VanillaTransformerForSequenceClassification(config).save_pretrained(tmp_path / "cls")
+    model = AutoModelForSequenceClassification.from_pretrained(tmp_path / "cls")
+    assert type(model) is VanillaTransformerForSequenceClassification
+
+
+def test_trust_remote_code_without_the_package(tmp_path):
+    model = make_model()
+    model.generation_config = GenerationConfig(
+        decoder_start_token_id=1, bos_token_id=1, eos_token_id=2, pad_token_id=0, max_new_tokens=8
+    )
+    model.save_pretrained(tmp_path)
+    ids, mask = source_batch()
+    expected = model.generate(input_ids=ids, attention_mask=mask).tolist()
+    script = textwrap.dedent(
+        f"""
+        import importlib.abc, sys
+        class Block(importlib.abc.MetaPathFinder):
+            def find_spec(self, name, path=None, target=None):
+                if name.split(".")[0] == "vanilla_transformer":
+                    raise ModuleNotFoundError("vanilla_transformer is blocked in this test")
+        sys.meta_path.insert(0, Block())
+        try:
+            import vanilla_transformer
+            raise SystemExit("the package is importable")
+        except ModuleNotFoundError:
+            pass
+        import torch
+        from transformers import AutoModelForSeq2SeqLM
+        model = AutoModelForSeq2SeqLM.from_pretrained({str(tmp_path)!r}, trust_remote_code=True).eval()
+        assert "vanilla_transformer" not in type(model).__module__.split(".")[0]
+        ids = torch.tensor({ids.tolist()})
+        mask = torch.tensor({mask.tolist()})
+        print(model.generate(input_ids=ids, attention_mask=mask).tolist())
+        """
+    )
+    env = dict(os.environ, HF_HUB_OFFLINE="1", HF_MODULES_CACHE=str(tmp_path / "modules"))
+    result = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert eval(result.stdout.strip().splitlines()[-1]) == expected
+
+
+# ---------------------------------------------------------------- generation
+
+
+def test_cache_and_no_cache_decode_the_same_tokens():
+    model = make_model()
+    ids, mask = source_batch()
+    common = dict(input_ids=ids, attention_mask=mask, max_new_tokens=12, min_new_tokens=12)
+    with_cache = model.generate(**common, use_cache=True)
+    without = model.generate(**common, use_cache=False)
+    assert torch.equal(with_cache, without)
+    beams = dict(common, num_beams=4, length_penalty=0.6, no_repeat_ngram_size=2)
+    assert torch.equal(model.generate(**beams, use_cache=True), model.generate(**beams, use_cache=False))
+
+
+def test_cache_holds_cross_attention_computed_once():
+    model = make_model()
+    ids, mask = source_batch()
+    out = model(input_ids=ids, attention_mask=mask, decoder_input_ids=torch.ones(3, 1, dtype=torch.long))
+    cache = out.cache
+    assert isinstance(cache, EncoderDecoderCache)
+    keys = cache.cross_attention_cache.layers[0].keys
+    assert keys.shape == (3, 4, ids.shape[1], 8)
+    step = model(
+        encoder_outputs=(out.encoder_last_hidden_state,),
+        attention_mask=mask,
+        decoder_input_ids=torch.full((3, 1), 5),
+        cache=cache,
+    )
+    assert step.cache.cross_attention_cache.layers[0].keys is keys  # reused, not recomputed
+    assert step.cache.get_seq_length() == 2
+
+
+def test_incremental_decoding_matches_full_forward():
+    model = make_model()
+    ids, mask = source_batch()
+    decoder_ids = torch.randint(3, 64, (3, 7))
+    full = model(input_ids=ids, attention_mask=mask, decoder_input_ids=decoder_ids).logits
+    encoder_outputs = model.get_encoder()(input_ids=ids, attention_mask=mask)
+    cache, steps = None, []
+    for t in range(7):
+        out = model(
+            encoder_outputs=encoder_outputs,
+            attention_mask=mask,
+            decoder_input_ids=decoder_ids[:, t : t + 1],
+            cache=cache,
+            use_cache=True,
+        )
+        cache = out.cache
+        steps.append(out.logits)
+    torch.testing.assert_close(torch.cat(steps, dim=1), full, atol=1e-5, rtol=1e-5)
+
+
+def test_past_key_values_is_still_accepted():
+    model = make_model()
+    ids, _ = source_batch(1, pad_last=False)
+    out = model(input_ids=ids, decoder_input_ids=torch.ones(1, 1, dtype=torch.long), use_cache=True)
+    with pytest.warns(FutureWarning):
+        nxt = model(input_ids=ids, decoder_input_ids=torch.full((1, 1), 5), past_key_values=out.cache)
+    assert nxt.cache.get_seq_length() == 2
+
+
+@pytest.mark.parametrize("pre_norm", [False, True])
+def test_eager_and_sdpa_agree(pre_norm):
+    eager = make_model("eager", normalize_before=pre_norm)
+    sdpa = make_model("sdpa", normalize_before=pre_norm)
+    sdpa.load_state_dict(eager.state_dict())
+    ids, mask = source_batch()
+    decoder_ids = torch.randint(3, 64, (3, 6))
+    decoder_mask = torch.ones_like(decoder_ids)
+    decoder_mask[2, 4:] = 0
+    kwargs = dict(
+        input_ids=ids, attention_mask=mask, decoder_input_ids=decoder_ids, decoder_attention_mask=decoder_mask
+    )
+    torch.testing.assert_close(eager(**kwargs).logits, sdpa(**kwargs).logits, atol=1e-5, rtol=1e-5)
+
+
+def test_padded_batch_gives_the_same_tokens_as_each_sentence_alone():
+    model = make_model()
+    ids, mask = source_batch()
+    common = dict(max_new_tokens=10, num_beams=1, do_sample=False)
+    batched = model.generate(input_ids=ids, attention_mask=mask, **common)
+    for row in range(ids.shape[0]):
+        length = int(mask[row].sum())
+        alone = model.generate(input_ids=ids[row : row + 1, :length], **common)
+        n = alone.shape[1]
+        assert torch.equal(batched[row, :n], alone[0])
+        assert (batched[row, n:] == 0).all()  # finished rows are padded
+
+
+def test_generation_strategies_and_dict_outputs():
+    model = make_model("eager")
+    ids, mask = source_batch()
+    greedy = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=6)
+    assert greedy.shape[0] == 3 and (greedy[:, 0] == 1).all()  # starts with decoder_start_token_id
+    beam = model.generate(
+        input_ids=ids,
+        attention_mask=mask,
+        num_beams=4,
+        num_return_sequences=2,
+        length_penalty=0.8,
+        no_repeat_ngram_size=2,
+        max_new_tokens=6,
+    )
+    assert beam.shape[0] == 6
+    for row in beam.tolist():  # no repeated bigram
+        bigrams = [tuple(row[i : i + 2]) for i in range(len(row) - 1) if 0 not in row[i : i + 2]]
+        assert len(bigrams) == len(set(bigrams))
+    torch.manual_seed(1)
+    sampled = model.generate(input_ids=ids, attention_mask=mask, do_sample=True, top_k=10, top_p=0.9, max_new_tokens=6)
+    assert sampled.shape[0] == 3
+    out = model.generate(
+        input_ids=ids,
+        attention_mask=mask,
+        max_new_tokens=4,
+        min_new_tokens=4,
+        return_dict_in_generate=True,
+        output_scores=True,
+        output_attentions=True,
+        output_hidden_states=True,
+    )
+    assert len(out.scores) == 4 and out.scores[0].shape == (3, 64)
+    assert len(out.cross_attentions) == 4 and out.cross_attentions[0][0].shape == (3, 4, 1, ids.shape[1])
+    assert len(out.encoder_attentions) == 2 and len(out.encoder_hidden_states) == 3
+    assert len(out.decoder_hidden_states[0]) == 3
+
+
+def test_static_cache_generation_matches_dynamic():
+    model = make_model()
+    ids, mask = source_batch()
+    common = dict(input_ids=ids, attention_mask=mask, max_new_tokens=8, min_new_tokens=8)
+    static = model.generate(**common, cache_implementation="static")
+    assert torch.equal(static, model.generate(**common))
+
+
+# ---------------------------------------------------------------- API surface
+
+
+def test_outputs_tuples_embeddings_and_resizing():
+    model = make_model("eager")
+    ids, mask = source_batch()
+    out = model(
+        input_ids=ids, attention_mask=mask, decoder_input_ids=ids, output_attentions=True, output_hidden_states=True
+    )
+    assert len(out.encoder_attentions) == 2 and out.encoder_attentions[0].shape == (3, 4, 9, 9)
+    assert len(out.decoder_attentions) == 2 and len(out.cross_attentions) == 2
+    assert len(out.encoder_hidden_states) == 3 and len(out.decoder_hidden_states) == 3
+
+    as_tuple = model(input_ids=ids, attention_mask=mask, decoder_input_ids=ids, return_dict=False)
+    assert isinstance(as_tuple, tuple)
+    torch.testing.assert_close(as_tuple[0], out.logits)
+
+    embeds = model.get_input_embeddings()(ids)
+    from_embeds = model(inputs_embeds=embeds, attention_mask=mask, decoder_inputs_embeds=embeds).logits
+    torch.testing.assert_close(from_embeds, out.logits)
+    assert model.get_encoder() is model.model.encoder
+
+    model.resize_token_embeddings(80)
+    assert model.config.vocab_size == model.config.decoder_vocab_size == 80
+    assert model.lm_head.weight.shape == (80, 32) and model.lm_head.weight is model.model.shared.weight
+    assert model(input_ids=ids, decoder_input_ids=ids).logits.shape[-1] == 80
+
+
+def test_output_attentions_with_sdpa_raises_a_clear_error():
+    model = make_model("sdpa")
+    ids, _ = source_batch()
+    with pytest.raises(ValueError, match="eager"):
+        model(input_ids=ids, decoder_input_ids=ids, output_attentions=True)
+
+
+def test_gradient_checkpointing_gives_the_same_gradients():
+    model = make_model()
+    model.train()
+    ids, mask = source_batch()
+    labels = torch.randint(3, 64, (3, 5))
+
+    def grads():
+        torch.manual_seed(0)
+        model.zero_grad()
+        model(input_ids=ids, attention_mask=mask, labels=labels).loss.backward()
+        return [p.grad.clone() for p in model.parameters()]
+
+    plain = grads()
+    model.activation_checkpointing_enable()
+    assert model.model.encoder.layers[0].gradient_checkpointing
+    for a, b in zip(plain, grads()):
+        torch.testing.assert_close(a, b)
+
+
+def test_loss_is_cross_entropy_over_shifted_labels_ignoring_minus_100():
+    model = make_model()
+    ids, mask = source_batch()
+    labels = torch.randint(3, 64, (3, 5))
+    labels[1, 3:] = -100
+    out = model(input_ids=ids, attention_mask=mask, labels=labels)
+    decoder_ids = model.prepare_decoder_input_ids_from_labels(labels)
+    assert decoder_ids[0, 0] == 1 and torch.equal(
+        decoder_ids[:, 1:][labels[:, :-1] != -100], labels[:, :-1][labels[:, :-1] != -100]
+    )
+    logits = model(input_ids=ids, attention_mask=mask, decoder_input_ids=decoder_ids).logits
+    expected = torch.nn.functional.cross_entropy(logits.reshape(-1, 64), labels.reshape(-1), ignore_index=-100)
+    torch.testing.assert_close(out.loss, expected)
+
+
+def test_gradient_accumulation_matches_one_big_batch():
+    """Trainer passes num_items_in_batch; the summed micro-batch losses then equal the big batch's mean loss."""
+    model = make_model()
+    ids, mask = source_batch(4)
+    labels = torch.randint(3, 64, (4, 6))
+    labels[0, 2:] = -100  # unequal numbers of labelled tokens per example
+    labels[3, 5:] = -100
+    total = int((labels != -100).sum())
+
+    model.zero_grad()
+    model(input_ids=ids, attention_mask=mask, labels=labels, num_items_in_batch=total).loss.backward()
+    big = [p.grad.clone() for p in model.parameters()]
+
+    model.zero_grad()
+    for row in range(4):
+        sl = slice(row, row + 1)
+        model(input_ids=ids[sl], attention_mask=mask[sl], labels=labels[sl], num_items_in_batch=total).loss.backward()
+    for a, b in zip(big, [p.grad for p in model.parameters()]):
+        torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-5)
