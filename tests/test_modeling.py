@@ -423,3 +423,32 @@ def test_gradient_accumulation_matches_one_big_batch():
         model(input_ids=ids[sl], attention_mask=mask[sl], labels=labels[sl], num_items_in_batch=total).loss.backward()
     for a, b in zip(big, [p.grad for p in model.parameters()]):
         torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-5)
+
+
+def test_device_map_auto_loads(tmp_path):
+    make_model().save_pretrained(tmp_path)
+    model = AutoModelForSeq2SeqLM.from_pretrained(tmp_path, device_map="auto")
+    assert model.device.type == "cpu"
+    assert model.lm_head.weight is model.model.shared.weight
+
+
+@pytest.mark.parametrize(
+    "problem_type, labels",
+    [
+        ("single_label_classification", torch.tensor([0, 2])),
+        ("multi_label_classification", torch.tensor([[1.0, 0.0, 1.0], [0.0, 1.0, 0.0]])),
+        ("regression", torch.tensor([[0.5, -1.0, 2.0], [1.0, 0.0, 0.0]])),
+    ],
+)
+def test_sequence_classification_problem_types(problem_type, labels):
+    config = tiny_config(num_labels=3, problem_type=problem_type)
+    model = VanillaTransformerForSequenceClassification(config)
+    ids, mask = source_batch(2)
+    out = model(input_ids=ids, attention_mask=mask, labels=labels)
+    assert out.logits.shape == (2, 3)
+    loss_fn = {
+        "single_label_classification": lambda: torch.nn.functional.cross_entropy(out.logits, labels),
+        "multi_label_classification": lambda: torch.nn.functional.binary_cross_entropy_with_logits(out.logits, labels),
+        "regression": lambda: torch.nn.functional.mse_loss(out.logits, labels),
+    }[problem_type]
+    torch.testing.assert_close(out.loss, loss_fn())
