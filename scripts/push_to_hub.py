@@ -1,0 +1,106 @@
+#!/usr/bin/env python
+"""Publish a saved checkpoint folder on the Hugging Face Hub.
+
+    python scripts/push_to_hub.py --model_dir runs/base-en-de --repo_id user/vanilla-transformer-en-de
+
+Refreshes the model card (README.md) from the folder (config.json, generation_config.json, all_results.json,
+training_args.json and the previous card's metadata), creates the repo if needed, and uploads the folder in one
+commit. Trainer's intermediate checkpoints (checkpoint-*/) and optimizer/scheduler states are not uploaded. The token
+comes from `hf auth login` or HF_TOKEN; HF_ENDPOINT selects another Hub.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass, field
+
+from huggingface_hub import HfApi
+from huggingface_hub.utils import filter_repo_objects
+from transformers import HfArgumentParser
+
+from vanilla_transformer.model_card import write_model_card
+
+IGNORE_PATTERNS = ["checkpoint-*", "*.pt", "*.pth", ".git/*"]
+
+
+@dataclass
+class PushArguments:
+    model_dir: str = field(metadata={"help": "Checkpoint folder written by scripts/train.py or save_pretrained."})
+    repo_id: str = field(metadata={"help": "Hub repository to create or update, as namespace/name (user or org)."})
+    private: bool = field(default=False, metadata={"help": "Create the repository as private (if it is new)."})
+    commit_message: str = field(
+        default="Upload vanilla-transformer checkpoint", metadata={"help": "Message of the upload commit."}
+    )
+    dataset_name: str | None = field(
+        default=None, metadata={"help": "Training dataset id for the card, if not already in its metadata."}
+    )
+    source_lang: str | None = field(
+        default=None, metadata={"help": "Source language code for the card, if not already in its metadata."}
+    )
+    target_lang: str | None = field(
+        default=None, metadata={"help": "Target language code for the card, if not already in its metadata."}
+    )
+
+
+def check_model_dir(model_dir: str) -> str | None:
+    """Return what is wrong with `model_dir` as a checkpoint to upload, in one line, or None."""
+    if not os.path.isdir(model_dir):
+        return f"--model_dir {model_dir!r} is not a folder"
+    missing = [name for name in ("config.json",) if not os.path.isfile(os.path.join(model_dir, name))]
+    weights = ("model.safetensors", "model.safetensors.index.json")
+    if not any(os.path.isfile(os.path.join(model_dir, name)) for name in weights):
+        missing.append("model.safetensors")
+    if missing:
+        return f"--model_dir {model_dir!r} has no {' or '.join(missing)}; pass a folder written by save_pretrained"
+    return None
+
+
+def files_to_upload(model_dir: str) -> list[tuple[str, int]]:
+    paths = [
+        os.path.relpath(os.path.join(root, name), model_dir).replace(os.sep, "/")
+        for root, _, names in os.walk(model_dir)
+        for name in names
+    ]
+    kept = filter_repo_objects(sorted(paths), ignore_patterns=IGNORE_PATTERNS)
+    return [(path, os.path.getsize(os.path.join(model_dir, path))) for path in kept]
+
+
+def main(argv: list[str] | None = None) -> None:
+    (args,) = HfArgumentParser(PushArguments).parse_args_into_dataclasses(args=argv)
+    problem = check_model_dir(args.model_dir)
+    if problem is None and args.repo_id.count("/") != 1:
+        problem = f"--repo_id {args.repo_id!r} must be namespace/name, e.g. your-username/vanilla-transformer-en-de"
+    if problem:
+        sys.exit(f"push_to_hub.py: error: {problem}")
+
+    card = write_model_card(
+        args.model_dir,
+        repo_id=args.repo_id,
+        dataset_name=args.dataset_name,
+        source_lang=args.source_lang,
+        target_lang=args.target_lang,
+    )
+    print(f"model card refreshed: {card}")
+
+    api = HfApi()
+    repo_url = api.create_repo(args.repo_id, private=args.private, exist_ok=True)
+    commit = api.upload_folder(
+        repo_id=args.repo_id,
+        folder_path=args.model_dir,
+        commit_message=args.commit_message,
+        ignore_patterns=IGNORE_PATTERNS,
+    )
+
+    files = files_to_upload(args.model_dir)
+    width = max(len(path) for path, _ in files)
+    print(f"\n{'file':<{width}}  {'bytes':>12}")
+    for path, size in files:
+        print(f"{path:<{width}}  {size:>12,}")
+    print(f"{'total':<{width}}  {sum(size for _, size in files):>12,}\n")
+    print(f"repo:   {repo_url}{' (private)' if args.private else ''}")
+    print(f"commit: {commit.commit_url}")
+
+
+if __name__ == "__main__":
+    main()

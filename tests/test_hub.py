@@ -1,0 +1,518 @@
+"""Hub-ready checkpoints (issue 3): model card, translation pipeline, loading without the package, push_to_hub.
+
+Everything runs offline: the checkpoint is a tiny model trained for a second on a toy word-for-word en→de lexicon, the
+tokenizer is built here, "the Hub" is tests/hub_server.py on 127.0.0.1, and "a user without the package" is a fresh
+virtual environment that sees torch, transformers and tokenizers but cannot import vanilla_transformer.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import json
+import os
+import random
+import re
+import shutil
+import site
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+import yaml
+from hub_server import LocalHub
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors
+from transformers import PreTrainedTokenizerFast, Seq2SeqTrainingArguments, pipeline
+
+import vanilla_transformer
+from vanilla_transformer import VanillaTransformerConfig, VanillaTransformerForConditionalGeneration
+from vanilla_transformer.model_card import write_model_card
+from vanilla_transformer.modeling_vanilla_transformer import VanillaTransformerTranslationPipeline
+
+ROOT = Path(__file__).resolve().parents[1]
+TOKEN = "hf_test_token_not_a_secret"
+REPO_ID = "user/vanilla-transformer-toy-en-de"
+LEXICON = {
+    "the": "der",
+    "cat": "katze",
+    "dog": "hund",
+    "house": "haus",
+    "sat": "sitzt",
+    "on": "auf",
+    "mat": "matte",
+    "is": "ist",
+    "big": "gross",
+    "small": "klein",
+    "red": "rot",
+    "blue": "blau",
+}
+SENTENCES = ["the cat sat on the mat", "the big dog is red", "blue house"]
+# train.py's test split prefix is "predict"
+METRICS = {"test_bleu": 41.2345, "test_chrf": 60.5, "predict_ter": 50.0, "eval_bleu": 39.75, "train_loss": 2.5}
+SUBPROCESS_TIMEOUT_S = 120
+
+# Run in the fresh environment: loads a checkpoint (folder or repo id) as a user without the package would, and
+# writes what it generated to a JSON file.
+LOADER = r"""
+import json, sys
+try:
+    import vanilla_transformer
+except ModuleNotFoundError as error:
+    blocked = str(error)
+else:
+    sys.exit(f"vanilla_transformer is importable here: {vanilla_transformer.__file__}")
+import torch
+from transformers import (
+    AutoConfig, AutoModel, AutoModelForSeq2SeqLM, AutoModelForSequenceClassification, AutoTokenizer, pipeline,
+)
+
+model_id, sentences, out = sys.argv[1], json.loads(sys.argv[2]), sys.argv[3]
+tokenizer = AutoTokenizer.from_pretrained(model_id)
+model = AutoModelForSeq2SeqLM.from_pretrained(model_id, trust_remote_code=True).eval()
+inputs = tokenizer(sentences, return_tensors="pt", padding=True)
+with torch.no_grad():
+    ids = model.generate(**inputs)
+    logits = model(**inputs, decoder_input_ids=ids).logits
+translator = pipeline("translation", model=model_id, trust_remote_code=True)
+autos = (AutoConfig, AutoModel, AutoModelForSequenceClassification)
+auto_classes = {auto.__name__: type(auto.from_pretrained(model_id, trust_remote_code=True)).__name__ for auto in autos}
+with open(out, "w") as f:
+    json.dump({
+        "blocked": blocked,
+        "finders": [type(finder).__module__ for finder in sys.meta_path],
+        "package_modules": sorted(m for m in sys.modules if m.split(".")[0] == "vanilla_transformer"),
+        "model_class": f"{type(model).__module__}.{type(model).__name__}",
+        "auto_classes": auto_classes,
+        "ids": ids.tolist(),
+        "logits": logits.tolist(),
+        "pipeline": translator(sentences),
+    }, f)
+"""
+
+# Imported by a .pth file of the fresh environment: even an installed (non-editable) copy of the package stays hidden.
+BLOCKER = """
+import sys
+
+class _NoVanillaTransformer:
+    @staticmethod
+    def find_spec(name, path=None, target=None):
+        if name.split(".")[0] == "vanilla_transformer":
+            raise ModuleNotFoundError("vanilla_transformer is blocked in this environment", name=name)
+        return None
+
+sys.meta_path.insert(0, _NoVanillaTransformer())
+"""
+
+
+def build_tokenizer() -> PreTrainedTokenizerFast:
+    """A word-level tokenizer over the lexicon: pad=0, bos=1, eos=2, unk=3; sentences end with eos."""
+    words = ["<pad>", "<s>", "</s>", "<unk>"] + list(LEXICON) + list(LEXICON.values())
+    tokenizer = Tokenizer(models.WordLevel({word: i for i, word in enumerate(words)}, unk_token="<unk>"))
+    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
+    tokenizer.post_processor = processors.TemplateProcessing(single="$A </s>", special_tokens=[("</s>", 2)])
+    tokenizer.decoder = decoders.WordPiece()  # joins words with spaces
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer, pad_token="<pad>", bos_token="<s>", eos_token="</s>", unk_token="<unk>"
+    )
+
+
+def train_toy_model(tokenizer: PreTrainedTokenizerFast) -> VanillaTransformerForConditionalGeneration:
+    """About a second of training, so that translations depend on the input (a random model repeats one word)."""
+    torch.manual_seed(0)
+    rng = random.Random(0)
+    config = VanillaTransformerConfig(
+        vocab_size=len(tokenizer),
+        d_model=32,
+        encoder_layers=2,
+        decoder_layers=2,
+        encoder_attention_heads=4,
+        decoder_attention_heads=4,
+        encoder_ffn_dim=64,
+        decoder_ffn_dim=64,
+        max_position_embeddings=64,
+        dropout=0.0,
+    )
+    model = VanillaTransformerForConditionalGeneration(config)
+    optimizer = torch.optim.Adam(model.parameters(), lr=5e-3)
+    for _ in range(80):
+        source = [" ".join(rng.choice(list(LEXICON)) for _ in range(rng.randint(2, 6))) for _ in range(16)]
+        target = [" ".join(LEXICON[word] for word in sentence.split()) for sentence in source]
+        batch = tokenizer(source, text_target=target, return_tensors="pt", padding=True)
+        labels = batch["labels"].masked_fill(batch["labels"] == tokenizer.pad_token_id, -100)
+        loss = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], labels=labels).loss
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    model.generation_config.max_new_tokens = 12
+    return model.eval()
+
+
+@contextlib.contextmanager
+def one_thread():
+    # The model is tiny: more threads only add contention (much slower on a busy machine), and every process of
+    # these tests computing with one thread keeps their numbers comparable.
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory) -> SimpleNamespace:
+    """A folder saved as train.py saves one (model, tokenizer, model card), and what the package generates from it."""
+    model_dir = tmp_path_factory.mktemp("hub") / "toy-en-de"
+    tokenizer = build_tokenizer()
+    with one_thread():
+        model = train_toy_model(tokenizer)
+    model.save_pretrained(model_dir)
+    tokenizer.save_pretrained(model_dir)
+    training_args = Seq2SeqTrainingArguments(
+        output_dir=str(model_dir),
+        learning_rate=5e-4,
+        lr_scheduler_type="inverse_sqrt",
+        warmup_steps=4000,
+        label_smoothing_factor=0.1,
+        per_device_train_batch_size=64,
+        generation_num_beams=4,
+        seed=1234,
+        report_to="none",
+    )
+    write_model_card(
+        str(model_dir),
+        metrics=METRICS,
+        training_args=training_args,
+        dataset_name="toy-lexicon",
+        source_lang="en",
+        target_lang="de",
+    )
+    inputs = tokenizer(SENTENCES, return_tensors="pt", padding=True)
+    with torch.no_grad(), one_thread():
+        ids = model.generate(**inputs)
+        logits = model(**inputs, decoder_input_ids=ids).logits
+    texts = tokenizer.batch_decode(ids, skip_special_tokens=True)
+    assert len(set(texts)) == len(SENTENCES), f"the toy model should translate each sentence differently: {texts}"
+    return SimpleNamespace(path=model_dir, model=model, tokenizer=tokenizer, ids=ids, logits=logits, texts=texts)
+
+
+@pytest.fixture(scope="module")
+def fresh_python(tmp_path_factory) -> str:
+    """Python of a new virtual environment with this environment's packages but without vanilla_transformer.
+
+    The parent site-packages come in through a .pth file, which does not run the .pth files inside that folder, so
+    the editable install's import hook of this package is not installed; a second .pth blocks the package outright.
+    """
+    venv = tmp_path_factory.mktemp("venv") / "no-package"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=60)
+    purelib = Path(
+        subprocess.run(
+            [venv / "bin" / "python", "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+    )
+    parents = [*site.getsitepackages(), *(p for p in sys.path if p.endswith(("site-packages", "dist-packages")))]
+    (purelib / "parent_site_packages.pth").write_text("\n".join(dict.fromkeys(parents)) + "\n")
+    (purelib / "_no_vanilla_transformer.py").write_text(BLOCKER)
+    (purelib / "_no_vanilla_transformer.pth").write_text("import _no_vanilla_transformer\n")
+    return str(venv / "bin" / "python")
+
+
+def subprocess_env(home: Path, **overrides: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "HUGGINGFACE_")) and k != "PYTHONPATH"}
+    env.update(HF_HOME=str(home), HF_HUB_OFFLINE="1", HF_HUB_DISABLE_TELEMETRY="1", OMP_NUM_THREADS="1")
+    return {**env, **overrides}
+
+
+def load_as_user_without_package(python: str, model_id: str, env: dict[str, str], workdir: Path) -> dict:
+    workdir.mkdir(parents=True, exist_ok=True)
+    script, out = workdir / "load.py", workdir / "out.json"
+    script.write_text(LOADER)
+    # cwd and the script's folder are both outside the repository, so the source tree is not on sys.path either
+    result = subprocess.run(
+        [python, str(script), model_id, json.dumps(SENTENCES), str(out)],
+        env=env,
+        cwd=workdir,
+        capture_output=True,
+        text=True,
+        timeout=SUBPROCESS_TIMEOUT_S,
+    )
+    assert result.returncode == 0, result.stderr[-4000:]
+    return json.loads(out.read_text())
+
+
+def assert_same_translations(loaded: dict, checkpoint: SimpleNamespace) -> None:
+    assert loaded["blocked"] == "vanilla_transformer is blocked in this environment"
+    assert not any("editable" in finder for finder in loaded["finders"]), loaded["finders"]
+    assert loaded["package_modules"] == []
+    # the model class comes from the code saved in the checkpoint, imported by transformers
+    assert loaded["model_class"].startswith("transformers_modules.")
+    assert loaded["model_class"].endswith(".modeling_vanilla_transformer.VanillaTransformerForConditionalGeneration")
+    assert loaded["auto_classes"] == {
+        "AutoConfig": "VanillaTransformerConfig",
+        "AutoModel": "VanillaTransformerModel",
+        "AutoModelForSequenceClassification": "VanillaTransformerForSequenceClassification",
+    }
+    assert loaded["ids"] == checkpoint.ids.tolist()
+    torch.testing.assert_close(torch.tensor(loaded["logits"]), checkpoint.logits, rtol=1e-4, atol=1e-5)
+    assert loaded["pipeline"] == [{"translation_text": text} for text in checkpoint.texts]
+
+
+CARD_RESULTS = {("test", "bleu"): 41.2345, ("test", "chrf"): 60.5, ("test", "ter"): 50.0, ("validation", "bleu"): 39.75}
+
+
+def card_results(meta: dict) -> dict[tuple[str, str], float]:
+    """(split, metric) -> value, from the model-index metadata."""
+    (model,) = meta["model-index"]
+    return {(r["dataset"]["split"], m["type"]): m["value"] for r in model["results"] for m in r["metrics"]}
+
+
+def front_matter(readme: str) -> dict:
+    match = re.match(r"\A---\n(.*?)\n---\n", readme, flags=re.S)
+    assert match, "README.md must start with a YAML block between '---' lines"
+    return yaml.safe_load(match.group(1))
+
+
+def test_saved_folder_has_everything_a_hub_user_needs(checkpoint):
+    files = {path.name for path in checkpoint.path.iterdir()}
+    expected = {
+        "config.json",
+        "configuration_vanilla_transformer.py",
+        "modeling_vanilla_transformer.py",
+        "model.safetensors",
+        "generation_config.json",
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "README.md",
+    }
+    assert expected <= files
+    package = Path(vanilla_transformer.__file__).parent
+    for source in ("configuration_vanilla_transformer.py", "modeling_vanilla_transformer.py"):
+        assert (checkpoint.path / source).read_bytes() == (package / source).read_bytes()
+    config = json.loads((checkpoint.path / "config.json").read_text())
+    modeling = "modeling_vanilla_transformer"
+    assert config["auto_map"] == {
+        "AutoConfig": "configuration_vanilla_transformer.VanillaTransformerConfig",
+        "AutoModel": f"{modeling}.VanillaTransformerModel",
+        "AutoModelForSeq2SeqLM": f"{modeling}.VanillaTransformerForConditionalGeneration",
+        "AutoModelForSequenceClassification": f"{modeling}.VanillaTransformerForSequenceClassification",
+    }
+    translation = config["custom_pipelines"]["translation"]
+    assert translation == {
+        "impl": "modeling_vanilla_transformer.VanillaTransformerTranslationPipeline",
+        "pt": ["AutoModelForSeq2SeqLM"],
+        "type": "text",
+    }
+    assert (
+        "class VanillaTransformerTranslationPipeline("
+        in (checkpoint.path / "modeling_vanilla_transformer.py").read_text()
+    )
+    generation = json.loads((checkpoint.path / "generation_config.json").read_text())
+    assert {key: generation[key] for key in ("decoder_start_token_id", "eos_token_id", "max_new_tokens")} == {
+        "decoder_start_token_id": 1,
+        "eos_token_id": 2,
+        "max_new_tokens": 12,
+    }
+
+
+def test_model_card_metadata_and_content_come_from_the_run(checkpoint):
+    readme = (checkpoint.path / "README.md").read_text()
+    meta = front_matter(readme)
+    assert meta["library_name"] == "transformers"
+    assert meta["pipeline_tag"] == "translation"
+    assert meta["language"] == ["en", "de"]
+    assert meta["license"] == "apache-2.0"
+    assert meta["datasets"] == ["toy-lexicon"]
+    assert meta["metrics"] == ["bleu", "chrf", "ter"]
+    assert {"translation", "vanilla-transformer"} <= set(meta["tags"])
+    assert card_results(meta) == CARD_RESULTS
+    # architecture from config.json and the weights, recipe from the training arguments
+    parameters = sum(p.numel() for p in checkpoint.model.parameters())  # tied matrices once
+    for row in (
+        f"| parameters | {parameters:,} |",
+        "| layers (encoder + decoder) | 2 + 2 |",
+        "| d_model | 32 |",
+        "| feed-forward width d_ff (encoder / decoder) | 64 / 64 |",
+        "| attention heads (encoder / decoder) | 4 / 4 |",
+        "| dropout (residual / attention / activation) | 0.0 / 0.0 / 0.0 |",
+        "| normalization | post-norm (as in the paper) |",
+        f"| vocabulary | {len(checkpoint.tokenizer)} (shared source/target) |",
+        "| peak learning rate | `0.0005` |",
+        "| learning-rate schedule | `inverse_sqrt` |",
+        "| warmup steps | `4000` |",
+        "| label smoothing | `0.1` |",
+        "| batch size per device | `64` |",
+        "| seed | `1234` |",
+        "| epochs | `3.0` |",
+        "| test bleu | 41.23 |",
+        "| train loss | 2.5 |",
+        "| max_new_tokens | `12` |",
+    ):
+        assert row in readme, row
+    assert "max steps" not in readme  # Trainer ignores max_steps=-1: no noise from unused arguments
+    # usage for both the installed package and trust_remote_code, and the pipeline
+    assert 'AutoModelForSeq2SeqLM.from_pretrained("toy-en-de", trust_remote_code=True)' in readme
+    assert "import vanilla_transformer" in readme
+    assert 'pipeline("translation", model="toy-en-de", trust_remote_code=True)' in readme
+
+
+def test_model_card_describes_each_config_and_refresh_keeps_what_was_recorded(tmp_path):
+    big = tmp_path / "big"
+    VanillaTransformerConfig(
+        d_model=1024, encoder_ffn_dim=4096, encoder_attention_heads=16, dropout=0.3
+    ).save_pretrained(big)
+    variant = tmp_path / "variant"
+    VanillaTransformerConfig(d_model=48, normalize_before=True, position_embedding_type="learned").save_pretrained(
+        variant
+    )
+    write_model_card(str(big), metrics={"test_bleu": 28.4}, training_args={"learning_rate": 1e-3, "output_dir": "x"})
+    write_model_card(str(variant), source_lang="fr", target_lang="en", dataset_name="wmt14")
+    big_card, variant_card = (big / "README.md").read_text(), (variant / "README.md").read_text()
+    assert "## Architecture (the paper's big model)" in big_card
+    assert "| d_model | 1024 |" in big_card and "| normalization | post-norm (as in the paper) |" in big_card
+    assert "## Architecture\n" in variant_card and "the paper's" not in variant_card.split("## Training")[0]
+    assert "| d_model | 48 |" in variant_card and "| normalization | pre-norm |" in variant_card
+    assert "| positions | learned, max 1024 |" in variant_card
+    assert "The training arguments of this checkpoint were not recorded." in variant_card
+    assert "metrics" not in front_matter(variant_card)  # no figures, no claims
+    assert "La maison est merveilleuse." in variant_card  # the usage example is in the source language
+
+    # a refresh (what push_to_hub.py does) keeps metrics, recipe, dataset and languages recorded earlier; a dataset
+    # that is not a Hub id (a file, a description) stays out of the `datasets` metadata
+    write_model_card(str(big), source_lang="en", target_lang="de", dataset_name="the demo corpus (built in)")
+    before = (big / "README.md").read_text()
+    write_model_card(str(big), repo_id="someone/big-en-de")
+    after = (big / "README.md").read_text()
+    assert front_matter(after) == {**front_matter(before), "model-index": front_matter(after)["model-index"]}
+    assert "datasets" not in front_matter(after) and "trained on `the demo corpus (built in)`" in after
+    (model_index,) = front_matter(after)["model-index"]
+    assert model_index["name"] == "big-en-de"
+    assert model_index["results"][0]["dataset"] == {
+        "name": "the demo corpus (built in)",
+        "type": "custom",
+        "split": "test",
+    }
+    assert model_index["results"][0]["metrics"][0]["value"] == 28.4
+    assert "| peak learning rate | `0.001` |" in after
+    assert 'from_pretrained("someone/big-en-de", trust_remote_code=True)' in after
+    with pytest.raises(FileNotFoundError, match="has no config.json"):
+        write_model_card(str(tmp_path / "missing"))
+
+
+@pytest.fixture
+def _one_thread():
+    with one_thread():
+        yield
+
+
+@pytest.mark.usefixtures("_one_thread")
+def test_translation_pipeline_gives_what_generate_gives(checkpoint):
+    translator = pipeline("translation", model=str(checkpoint.path), trust_remote_code=True)
+    assert type(translator).__name__ == "VanillaTransformerTranslationPipeline"
+    assert translator(SENTENCES[0]) == [{"translation_text": checkpoint.texts[0]}]
+    assert translator(SENTENCES) == [{"translation_text": text} for text in checkpoint.texts]
+    assert translator(SENTENCES, batch_size=3) == translator(SENTENCES)
+    # the tokens themselves, for an unpadded sentence
+    inputs = checkpoint.tokenizer(SENTENCES[1], return_tensors="pt")
+    expected = checkpoint.model.generate(**inputs)[0]
+    (record,) = translator(SENTENCES[1], return_tensors=True)
+    assert torch.equal(record["translation_token_ids"], expected)
+    # generation parameters go to generate(): two beams, two answers per sentence
+    beams = checkpoint.model.generate(**inputs, num_beams=2, num_return_sequences=2)
+    texts = checkpoint.tokenizer.batch_decode(beams, skip_special_tokens=True)
+    assert translator(SENTENCES[1], num_beams=2, num_return_sequences=2) == [{"translation_text": t} for t in texts]
+    with pytest.raises(TypeError, match="translates str or list"):
+        translator(42)
+    # in-memory objects: pipeline() needs a path or repo id to find custom_pipelines, the class works directly
+    direct = VanillaTransformerTranslationPipeline(model=checkpoint.model, tokenizer=checkpoint.tokenizer)
+    assert direct(SENTENCES) == [{"translation_text": text} for text in checkpoint.texts]
+    with pytest.raises(ValueError, match="trust_remote_code=True"):
+        pipeline("translation", model=str(checkpoint.path))
+
+
+def test_loads_and_translates_without_the_package(checkpoint, fresh_python, tmp_path):
+    env = subprocess_env(tmp_path / "hf_home")
+    loaded = load_as_user_without_package(fresh_python, str(checkpoint.path), env, tmp_path / "run")
+    assert_same_translations(loaded, checkpoint)
+
+
+def test_push_to_hub_round_trip_through_a_local_hub(checkpoint, fresh_python, tmp_path):
+    model_dir = tmp_path / "toy-en-de"
+    shutil.copytree(checkpoint.path, model_dir)
+    # Trainer leftovers that must not be uploaded
+    (model_dir / "checkpoint-10").mkdir()
+    (model_dir / "checkpoint-10" / "model.safetensors").write_bytes(b"old weights")
+    (model_dir / "optimizer.pt").write_bytes(b"optimizer state")
+    with LocalHub(token=TOKEN, lifetime_s=4 * SUBPROCESS_TIMEOUT_S) as hub:
+        overrides = {"HF_ENDPOINT": hub.endpoint, "HF_HUB_OFFLINE": "0", "HF_TOKEN": TOKEN}
+        push = subprocess.run(
+            [sys.executable, str(ROOT / "scripts" / "push_to_hub.py"), "--model_dir", str(model_dir)]
+            + ["--repo_id", REPO_ID, "--private", "--commit_message", "First upload"],
+            env=subprocess_env(tmp_path / "push_home", **overrides),
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=SUBPROCESS_TIMEOUT_S,
+        )
+        assert push.returncode == 0, push.stderr[-4000:]
+        repo = hub.repos[REPO_ID]
+        assert repo.private and repo.messages[repo.head] == "First upload"
+        # the Hub holds exactly the folder, with the model card refreshed for the repo id
+        local = {p.name: p.read_bytes() for p in model_dir.iterdir() if p.is_file() and p.name != "optimizer.pt"}
+        assert hub.files(REPO_ID) == local
+        readme = local["README.md"].decode()
+        assert f'from_pretrained("{REPO_ID}", trust_remote_code=True)' in readme
+        meta = front_matter(readme)  # what train.py recorded survives the refresh
+        assert (meta["language"], meta["datasets"], card_results(meta)) == (["en", "de"], ["toy-lexicon"], CARD_RESULTS)
+
+        # a user without the package, and with an empty cache, loads it by repo id
+        home = tmp_path / "user_home"
+        loaded = load_as_user_without_package(
+            fresh_python, REPO_ID, subprocess_env(home, **overrides), tmp_path / "run"
+        )
+        assert_same_translations(loaded, checkpoint)
+        (snapshot,) = (home / "hub" / f"models--{REPO_ID.replace('/', '--')}" / "snapshots").iterdir()
+        assert snapshot.name == repo.head
+        for path in snapshot.iterdir():
+            assert path.read_bytes() == local[path.name], path.name
+        assert ("HEAD", f"/{REPO_ID}/resolve/{repo.head}/model.safetensors", 200) in hub.requests
+
+
+def load_push_script():
+    spec = importlib.util.spec_from_file_location("push_to_hub", ROOT / "scripts" / "push_to_hub.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up while the script is being executed
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize(
+    "files, message",
+    [
+        (None, r"--model_dir '.*' is not a folder"),
+        ([], r"has no config.json or model.safetensors; pass a folder written by save_pretrained"),
+        (["config.json"], r"has no model.safetensors;"),
+        (["model.safetensors"], r"has no config.json;"),
+    ],
+)
+def test_push_to_hub_rejects_a_folder_that_is_not_a_checkpoint(tmp_path, capsys, files, message):
+    model_dir = tmp_path / "model"
+    if files is not None:
+        model_dir.mkdir()
+        for name in files:
+            (model_dir / name).write_text("{}")
+    with pytest.raises(SystemExit) as exit_info:
+        load_push_script().main(["--model_dir", str(model_dir), "--repo_id", REPO_ID])
+    error = str(exit_info.value.code)
+    assert re.search(message, error) and "\n" not in error and error.startswith("push_to_hub.py: error:")
+    assert not (model_dir / "README.md").exists()
+
+
+def test_push_to_hub_rejects_a_repo_id_without_namespace(checkpoint):
+    with pytest.raises(SystemExit, match="--repo_id 'name-only' must be namespace/name"):
+        load_push_script().main(["--model_dir", str(checkpoint.path), "--repo_id", "name-only"])
