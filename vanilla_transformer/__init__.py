@@ -16,6 +16,7 @@ from .modeling_vanilla_transformer import (
     VanillaTransformerForSequenceClassification,
     VanillaTransformerModel,
     VanillaTransformerPreTrainedModel,
+    VanillaTransformerTranslationPipeline,
 )
 
 __version__ = "0.1.0"
@@ -40,4 +41,5 @@ __all__ = [
     "VanillaTransformerModel",
     "VanillaTransformerForConditionalGeneration",
     "VanillaTransformerForSequenceClassification",
+    "VanillaTransformerTranslationPipeline",
 ]

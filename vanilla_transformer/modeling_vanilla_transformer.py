@@ -325,6 +325,27 @@ class VanillaTransformerPreTrainedModel(PreTrainedModel):
             init.ones_(module.weight)
             init.zeros_(module.bias)
 
+    @classmethod
+    def from_pretrained(cls, *args, **kwargs):
+        """As in transformers, but a checkpoint that lacks encoder or decoder weights is refused: transformers would
+        initialise them at random and only log a report, leaving a silently untrained model. A missing task head
+        (e.g. a classification head on a translation checkpoint) stays a logged warning, as fine-tuning expects."""
+        output_loading_info = kwargs.pop("output_loading_info", False)
+        model, info = super().from_pretrained(*args, output_loading_info=True, **kwargs)
+        body = ("shared", "encoder", "decoder")
+        missing = sorted(
+            k for k in info["missing_keys"] if k.removeprefix(f"{cls.base_model_prefix}.").split(".")[0] in body
+        )
+        if missing:
+            shown = ", ".join(missing[:3]) + (f" and {len(missing) - 3} more" if len(missing) > 3 else "")
+            raise OSError(
+                f"The checkpoint {args[0] if args else kwargs.get('pretrained_model_name_or_path')!r} lacks "
+                f"{len(missing)} encoder/decoder weight(s) ({shown}): the weights file is incomplete or belongs to "
+                "another model. Re-save or re-download it; to start from random weights on purpose, build the model "
+                "from its config instead."
+            )
+        return (model, info) if output_loading_info else model
+
 
 def _embed_positions(config: VanillaTransformerConfig) -> nn.Module:
     if config.position_embedding_type == "learned":
@@ -362,6 +383,7 @@ class Encoder(nn.Module):
         _check_output_attentions(self.config, output_attentions)
         if (input_ids is None) == (inputs_embeds is None):
             raise ValueError("Pass exactly one of `input_ids` or `inputs_embeds` to the encoder.")
+        _check_inputs(self.config, input_ids, inputs_embeds, attention_mask)
         if inputs_embeds is None:
             inputs_embeds = self.embed_tokens(input_ids)
         positions = torch.arange(inputs_embeds.shape[1], device=inputs_embeds.device)
@@ -426,6 +448,16 @@ class Decoder(nn.Module):
         _check_output_attentions(self.config, output_attentions)
         if (input_ids is None) == (inputs_embeds is None):
             raise ValueError("Pass exactly one of `decoder_input_ids` or `decoder_inputs_embeds` to the decoder.")
+        _check_inputs(
+            self.config,
+            input_ids,
+            inputs_embeds,
+            attention_mask,
+            decoder=True,
+            past_length=cache.get_seq_length() if cache is not None else 0,
+            encoder_hidden_states=encoder_hidden_states,
+            encoder_attention_mask=encoder_attention_mask,
+        )
         if inputs_embeds is None:
             inputs_embeds = self.embed_tokens(input_ids)
         if self.gradient_checkpointing and self.training and use_cache:
@@ -496,6 +528,71 @@ def _check_output_attentions(config: VanillaTransformerConfig, output_attentions
             f"attn_implementation={config._attn_implementation!r}. Load it with attn_implementation='eager' or call "
             "model.set_attn_implementation('eager')."
         )
+
+
+def _check_inputs(
+    config: VanillaTransformerConfig,
+    input_ids: torch.Tensor | None = None,
+    inputs_embeds: torch.Tensor | None = None,
+    attention_mask: torch.Tensor | None = None,
+    *,
+    decoder: bool = False,
+    past_length: int = 0,
+    encoder_hidden_states: torch.Tensor | None = None,
+    encoder_attention_mask: torch.Tensor | None = None,
+    labels: torch.Tensor | None = None,
+) -> None:
+    """Turn bad inputs into one clear error (argument, value, what is allowed) instead of an IndexError in the
+    embedding, a shape error deep in attention, or a silently misaligned mask. Names are those the user passed to the
+    top-level model. Costs one min/max per id tensor; skipped under torch.compile, whose graphs must not branch on
+    tensor values."""
+    if torch.compiler.is_compiling():
+        return
+    prefix = "decoder_" if decoder else ""
+    vocab_field = "decoder_vocab_size" if decoder else "vocab_size"
+    vocab_size = getattr(config, vocab_field)
+
+    def check_ids(name: str, ids: torch.Tensor, ignore_index: int | None = None) -> None:
+        if ids.dtype.is_floating_point or ids.dtype.is_complex or ids.dtype == torch.bool:
+            raise TypeError(f"`{name}` must hold integer token ids, got dtype {ids.dtype}.")
+        if ids.ndim != 2:
+            raise ValueError(f"`{name}` must have shape (batch, sequence length), got {tuple(ids.shape)}.")
+        if ignore_index is not None:
+            ids = ids.masked_fill(ids == ignore_index, 0)
+        if ids.numel() == 0:
+            return
+        low, high = (int(v) for v in torch.aminmax(ids))
+        if low < 0 or high >= vocab_size:
+            allowed = f"[0, {vocab_field}={vocab_size})" + (f" or {ignore_index}" if ignore_index is not None else "")
+            raise ValueError(
+                f"`{name}` contains the token id {low if low < 0 else high}; ids must be in {allowed}. Check that the "
+                "tokenizer matches the model config."
+            )
+
+    if labels is not None:
+        check_ids("labels", labels, ignore_index=-100)
+    if input_ids is None and inputs_embeds is None:
+        return
+    name = f"{prefix}input_ids" if input_ids is not None else f"{prefix}inputs_embeds"
+    if input_ids is not None:
+        check_ids(name, input_ids)
+    batch_size, length = (input_ids if input_ids is not None else inputs_embeds).shape[:2]
+    if batch_size == 0 or length == 0:
+        raise ValueError(
+            f"`{name}` has shape {tuple((input_ids if input_ids is not None else inputs_embeds).shape)}: an empty "
+            "batch or a zero-length sequence; every sequence needs at least one token (e.g. the eos token)."
+        )
+    # A 4D mask is already prepared (generate builds one for a static cache) and is passed through as it is.
+    masks = [(f"{prefix}attention_mask", attention_mask, (batch_size, past_length + length), name)]
+    if encoder_hidden_states is not None:
+        masks.append(("attention_mask", encoder_attention_mask, tuple(encoder_hidden_states.shape[:2]), "input_ids"))
+    for mask_name, mask, expected, of in masks:
+        if mask is not None and mask.ndim != 4 and tuple(mask.shape) != expected:
+            what = "past + current tokens" if past_length and of == name else "sequence length"
+            raise ValueError(
+                f"`{mask_name}` has shape {tuple(mask.shape)} but `{of}` needs {expected} (batch, {what}): "
+                "one 1 (keep) or 0 (padding) per token."
+            )
 
 
 class VanillaTransformerModel(VanillaTransformerPreTrainedModel):
@@ -669,6 +766,7 @@ class VanillaTransformerForConditionalGeneration(VanillaTransformerPreTrainedMod
         r"""num_items_in_batch: the number of labelled tokens in the whole (accumulated) batch, passed by Trainer, so
         that the loss summed over micro-batches is the mean over that batch whatever the accumulation."""
         if labels is not None:
+            _check_inputs(self.config, decoder=True, labels=labels)
             use_cache = False
             if decoder_input_ids is None and decoder_inputs_embeds is None:
                 decoder_input_ids = self.prepare_decoder_input_ids_from_labels(labels)
@@ -695,12 +793,13 @@ class VanillaTransformerForConditionalGeneration(VanillaTransformerPreTrainedMod
                     f"`labels` has shape {tuple(labels.shape)} but the decoder produced {tuple(logits.shape[:2])} "
                     "(batch, target length) positions; labels must match decoder_input_ids position for position."
                 )
-            reduction = "mean" if num_items_in_batch is None else "sum"
-            loss = F.cross_entropy(
-                logits.flatten(0, 1).float(), labels.flatten().to(logits.device), ignore_index=-100, reduction=reduction
-            )
-            if num_items_in_batch is not None:
-                loss = loss / num_items_in_batch
+            labels = labels.to(logits.device)
+            loss = F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(), ignore_index=-100, reduction="sum")
+            if num_items_in_batch is None:
+                num_items_in_batch = (labels != -100).sum()
+            # A batch with no labelled token (all -100) gets loss 0.0, still attached to the graph, so that backward
+            # gives zero gradients; a mean over zero items would be 0 / 0 = NaN and poison the weights.
+            loss = loss / torch.as_tensor(num_items_in_batch, device=loss.device).clamp(min=1)
 
         return Seq2SeqLMOutput(
             loss=loss,
@@ -811,9 +910,105 @@ class VanillaTransformerForSequenceClassification(VanillaTransformerPreTrainedMo
         )
 
 
+# --- Translation pipeline (issue 3: Hub-ready checkpoints) ------------------------------------------------------------
+# transformers 5 removed the "translation" and "text2text-generation" pipelines. Every config declares this class in
+# `custom_pipelines` (see configuration_vanilla_transformer.py), so that
+# `pipeline("translation", model=path_or_repo_id, trust_remote_code=True)` builds it from the copy of this file that
+# is saved with the weights, with or without this package installed.
+from transformers.pipelines import Pipeline  # noqa: E402
+
+
+class VanillaTransformerTranslationPipeline(Pipeline):
+    """Translates text with a sequence-to-sequence model, like the ``"translation"`` pipeline of transformers 4.
+
+    Example:
+        >>> translator = pipeline("translation", model="user/vanilla-transformer-en-de", trust_remote_code=True)
+        >>> translator("A small test.")
+        [{'translation_text': '...'}]
+        >>> translator(["One.", "Two."], batch_size=2, num_beams=4)  # one dict per sentence
+        [{'translation_text': '...'}, {'translation_text': '...'}]
+
+    Generation parameters (``num_beams``, ``max_new_tokens``, ...) given at construction or call go to ``generate()``,
+    on top of the checkpoint's ``generation_config.json``. ``return_tensors=True`` adds the generated ids as
+    ``"translation_token_ids"``; ``truncation=True`` cuts inputs longer than the tokenizer's ``model_max_length``.
+    """
+
+    _pipeline_calls_generate = True
+    _load_processor = False
+    _load_image_processor = False
+    _load_feature_extractor = False
+    _load_tokenizer = True
+
+    def _sanitize_parameters(
+        self,
+        truncation: bool | None = None,
+        return_tensors: bool | None = None,
+        return_text: bool | None = None,
+        clean_up_tokenization_spaces: bool | None = None,
+        **generate_kwargs,
+    ):
+        preprocess_params = {} if truncation is None else {"truncation": truncation}
+        postprocess_params = {}
+        if return_tensors is not None:
+            postprocess_params["return_tensors"] = return_tensors
+        if return_text is not None:
+            postprocess_params["return_text"] = return_text
+        if clean_up_tokenization_spaces is not None:
+            postprocess_params["clean_up_tokenization_spaces"] = clean_up_tokenization_spaces
+        if getattr(self, "assistant_model", None) is not None:
+            generate_kwargs["assistant_model"] = self.assistant_model
+        return preprocess_params, generate_kwargs, postprocess_params
+
+    def __call__(self, inputs, **kwargs):
+        """Translate a string (returns a list of dicts, one per returned sequence) or a list of strings (returns one
+        dict per string, or one list per string when ``num_return_sequences`` > 1)."""
+        result = super().__call__(inputs, **kwargs)
+        if isinstance(inputs, list) and all(isinstance(records, list) and len(records) == 1 for records in result):
+            return [records[0] for records in result]
+        return result
+
+    def preprocess(self, text: str, truncation: bool = False) -> dict[str, torch.Tensor]:
+        if not isinstance(text, str):
+            raise TypeError(
+                f"The translation pipeline translates str or list[str] inputs; got {type(text).__name__}: {text!r}."
+            )
+        encoding = self.tokenizer(text, truncation=truncation, return_tensors="pt", return_token_type_ids=False)
+        return {"input_ids": encoding["input_ids"], "attention_mask": encoding["attention_mask"]}
+
+    def _forward(self, model_inputs: dict[str, torch.Tensor], **generate_kwargs) -> dict[str, torch.Tensor]:
+        batch_size = model_inputs["input_ids"].shape[0]
+        generate_kwargs = self._prepare_generate_kwargs(generate_kwargs, return_dict_in_generate=False)
+        output_ids = self.model.generate(**model_inputs, **generate_kwargs)
+        # (batch * num_return_sequences, len) -> (batch, num_return_sequences, len): the pipeline unbatches dim 0
+        return {"output_ids": output_ids.reshape(batch_size, -1, output_ids.shape[-1])}
+
+    def postprocess(
+        self,
+        model_outputs: dict[str, torch.Tensor],
+        return_tensors: bool = False,
+        return_text: bool = True,
+        clean_up_tokenization_spaces: bool = False,
+    ) -> list[dict]:
+        records = []
+        for output_ids in model_outputs["output_ids"][0]:
+            record = {}
+            if return_tensors:
+                record["translation_token_ids"] = output_ids
+            if return_text:
+                record["translation_text"] = self.tokenizer.decode(
+                    output_ids, skip_special_tokens=True, clean_up_tokenization_spaces=clean_up_tokenization_spaces
+                )
+            records.append(record)
+        return records
+
+
+# --- end of translation pipeline --------------------------------------------------------------------------------------
+
+
 __all__ = [
     "VanillaTransformerPreTrainedModel",
     "VanillaTransformerModel",
     "VanillaTransformerForConditionalGeneration",
     "VanillaTransformerForSequenceClassification",
+    "VanillaTransformerTranslationPipeline",
 ]

@@ -1,0 +1,105 @@
+"""Resume training only from checkpoints that were completely written.
+
+transformers' Trainer writes ``checkpoint-<step>/`` in place, one file after another: the model (and tokenizer), then
+``optimizer.pt`` and ``scheduler.pt``, the RNG states, and ``trainer_state.json`` last. A run killed during that
+write leaves a folder that looks like a checkpoint, and that ``transformers.trainer_utils.get_last_checkpoint``
+returns, but resuming from it fails with a traceback about a cut-off or missing file, and the run cannot go on until
+someone deletes the folder by hand. ``last_complete_checkpoint`` skips such folders; ``check_checkpoint`` refuses one
+named explicitly with a one-line reason.
+
+Complete means: ``trainer_state.json`` parses and names the folder's step (being written last, it vouches for the
+files before it), and every weights file and ``torch.save`` archive is whole (a safetensors header that covers the
+file; a zip archive with its central directory, which is written last).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import zipfile
+
+from safetensors import SafetensorError, safe_open
+
+logger = logging.getLogger(__name__)
+
+_CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")
+TRAINER_STATE = "trainer_state.json"
+
+
+def checkpoint_problem(folder: str) -> str | None:
+    """Why ``folder`` is not a complete Trainer checkpoint, in a few words; None when it is complete."""
+    if not os.path.isdir(folder):
+        return "it is not a folder"
+    state_path = os.path.join(folder, TRAINER_STATE)
+    if not os.path.isfile(state_path):
+        return f"{TRAINER_STATE} is missing (the Trainer writes it last: the save was interrupted)"
+    try:
+        with open(state_path, encoding="utf-8") as f:
+            state = json.load(f)
+    except (ValueError, UnicodeDecodeError):
+        return f"{TRAINER_STATE} is cut off or corrupt"
+    match = _CHECKPOINT.match(os.path.basename(os.path.normpath(folder)))
+    if match and state.get("global_step") != int(match.group(1)):
+        return f"{TRAINER_STATE} has global_step={state.get('global_step')}, not {match.group(1)}"
+
+    names = sorted(os.listdir(folder))
+    weights = [n for n in names if n.endswith(".safetensors")]
+    if not weights and not any(n in ("pytorch_model.bin", "model.safetensors.index.json") for n in names):
+        return "it holds no model weights (model.safetensors)"
+    index = os.path.join(folder, "model.safetensors.index.json")
+    if os.path.isfile(index):
+        try:
+            with open(index, encoding="utf-8") as f:
+                shards = set(json.load(f)["weight_map"].values())
+        except (ValueError, KeyError):
+            return "model.safetensors.index.json is cut off or corrupt"
+        if missing := sorted(shards - set(names)):
+            return f"the weights shard {missing[0]} is missing"
+    for name in weights:
+        try:
+            with safe_open(os.path.join(folder, name), framework="pt") as f:
+                f.keys()
+        except (SafetensorError, OSError):
+            return f"{name} is cut off or corrupt"
+    for name in names:
+        if name.endswith((".pt", ".pth", ".bin")):
+            try:
+                zipfile.ZipFile(os.path.join(folder, name)).close()  # torch.save writes a zip; its directory is last
+            except (zipfile.BadZipFile, OSError):
+                return f"{name} is cut off or corrupt"
+    return None
+
+
+def check_checkpoint(folder: str) -> None:
+    """Raise ValueError naming the problem unless ``folder`` is a complete checkpoint to resume from."""
+    problem = checkpoint_problem(folder)
+    if problem is not None:
+        raise ValueError(
+            f"--resume_from_checkpoint {folder!r} is not a complete checkpoint: {problem}. Resume from an earlier "
+            "checkpoint-* folder (or pass 'last' to pick the newest complete one)."
+        )
+
+
+def list_checkpoint_folders(output_dir: str) -> list[str]:
+    """The ``checkpoint-<step>`` folders of ``output_dir``, newest (highest step) first."""
+    if not os.path.isdir(output_dir):
+        return []
+    found = [(int(m.group(1)), n) for n in os.listdir(output_dir) if (m := _CHECKPOINT.match(n))]
+    return [os.path.join(output_dir, n) for _, n in sorted(found, reverse=True)]
+
+
+def last_complete_checkpoint(output_dir: str) -> str | None:
+    """The newest completely written ``checkpoint-<step>`` in ``output_dir`` (None if there is none); a drop-in
+    replacement for ``transformers.trainer_utils.get_last_checkpoint`` that skips, with a warning, the folders an
+    interrupted save left behind."""
+    for folder in list_checkpoint_folders(output_dir):
+        problem = checkpoint_problem(folder)
+        if problem is None:
+            return folder
+        logger.warning("Not resuming from %s: %s.", folder, problem)
+    return None
+
+
+__all__ = ["check_checkpoint", "checkpoint_problem", "last_complete_checkpoint", "list_checkpoint_folders"]
