@@ -1,0 +1,386 @@
+#!/usr/bin/env python
+"""Train, evaluate and save a translation model with the paper's recipe (Vaswani et al., 2017, §5).
+
+With no data arguments it trains the `small` preset on the built-in German->English number-words corpus and reports
+test BLEU, chrF and exact match in a few minutes on a CPU:
+
+    python scripts/train.py --output_dir outputs/demo
+
+Real data (JSON lines with {"translation": {"de": ..., "en": ...}}, TSV with a header of language codes, or a Hub
+dataset) trains the paper's `base` model by default:
+
+    python scripts/train.py --dataset_name wmt16 --dataset_config_name de-en --source_lang de --target_lang en \
+        --output_dir outputs/wmt16 --max_steps 100000 --save_steps 1000 --save_total_limit 5
+
+Several processes or GPUs (on a CPU-only machine the processes join a gloo group):
+
+    accelerate launch --multi_gpu --num_processes 2 scripts/train.py --output_dir outputs/demo-ddp
+
+Every flag of transformers' Seq2SeqTrainingArguments is accepted (see --help); the paper's optimiser, schedule and label
+smoothing are the defaults, and a preset supplies a learning rate, warmup and batch size unless given. When none of
+--do_train/--do_eval/--do_predict is given, all three run for the splits that exist. The arguments may also come from
+one JSON file: `python scripts/train.py args.json`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+from dataclasses import dataclass, field
+
+import transformers
+from datasets import DatasetDict
+from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, HfArgumentParser, set_seed
+from transformers.trainer_utils import get_last_checkpoint
+
+from vanilla_transformer import VanillaTransformerForConditionalGeneration
+from vanilla_transformer.data import DataError, load_raw_datasets, select_samples, tokenize_splits
+from vanilla_transformer.tokenizer import check_tokenizer_matches_config, iterate_texts, train_tokenizer
+from vanilla_transformer.training import (
+    PRESETS,
+    TranslationTrainingArguments,
+    build_config,
+    build_trainer,
+    default_generation_config,
+    make_compute_metrics,
+    parse_config_overrides,
+    training_defaults,
+    use_cpu_if_no_accelerator,
+)
+
+logger = logging.getLogger("train")
+
+
+@dataclass
+class ModelArguments:
+    """Which model to train: a fresh one (preset, JSON config, flags) or a saved one to continue."""
+
+    model_name_or_path: str | None = field(
+        default=None, metadata={"help": "A saved model folder to continue training from, instead of a fresh model."}
+    )
+    preset: str | None = field(
+        default=None,
+        metadata={
+            "help": "Fresh model and training defaults: "
+            + "; ".join(f"{name}: {preset['description']}" for name, preset in PRESETS.items())
+            + ". Default: small for the demo corpus, base for your own data.",
+            "choices": list(PRESETS),
+        },
+    )
+    config_name: str | None = field(
+        default=None, metadata={"help": "A VanillaTransformerConfig JSON file (or folder) for a fresh model."}
+    )
+    config_overrides: str | None = field(
+        default=None,
+        metadata={"help": "Config fields to change, e.g. 'd_model=256,encoder_layers=3,dropout=0.2'."},
+    )
+    tokenizer_name: str | None = field(
+        default=None,
+        metadata={
+            "help": "A saved tokenizer (scripts/train_tokenizer.py). Default: the model's with --model_name_or_path, "
+            "else one trained here on the training split and saved in --output_dir."
+        },
+    )
+    vocab_size: int | None = field(
+        default=None,
+        metadata={"help": "Vocabulary size of the tokenizer trained here (default: the preset's)."},
+    )
+    cache_dir: str | None = field(default=None, metadata={"help": "Where `datasets` caches downloaded data."})
+
+
+@dataclass
+class DataArguments:
+    """Which parallel data to train and evaluate on; none given = the built-in demo corpus."""
+
+    dataset_name: str | None = field(
+        default=None, metadata={"help": "A `datasets` translation dataset (Hub name or local folder), e.g. wmt16."}
+    )
+    dataset_config_name: str | None = field(default=None, metadata={"help": "Its configuration, e.g. de-en."})
+    train_file: str | None = field(
+        default=None,
+        metadata={"help": "Training pairs: .jsonl ({'translation': {lang: text}} per line) or .tsv (header: langs)."},
+    )
+    validation_file: str | None = field(default=None, metadata={"help": "Validation pairs (same formats)."})
+    test_file: str | None = field(default=None, metadata={"help": "Test pairs (same formats)."})
+    source_lang: str | None = field(default=None, metadata={"help": "Source language code, e.g. de (demo: de)."})
+    target_lang: str | None = field(default=None, metadata={"help": "Target language code, e.g. en (demo: en)."})
+    max_source_length: int | None = field(
+        default=None,
+        metadata={"help": "Longest source in tokens (eos included); longer pairs are dropped. Default: the preset's."},
+    )
+    max_target_length: int | None = field(
+        default=None,
+        metadata={"help": "Longest target in tokens (eos included); longer pairs are dropped. Default: the preset's."},
+    )
+    max_train_samples: int | None = field(default=None, metadata={"help": "Use only the first N training pairs."})
+    max_eval_samples: int | None = field(default=None, metadata={"help": "Use only the first N validation pairs."})
+    max_predict_samples: int | None = field(default=None, metadata={"help": "Use only the first N test pairs."})
+    preprocessing_num_workers: int | None = field(default=None, metadata={"help": "Processes for tokenisation."})
+    overwrite_cache: bool = field(default=False, metadata={"help": "Tokenise again instead of using the cache."})
+
+    def has_own_data(self) -> bool:
+        return any((self.dataset_name, self.train_file, self.validation_file, self.test_file))
+
+
+def given_flags(argv: list[str]) -> set[str]:
+    """The dataclass field names given on the command line."""
+    return {arg[2:].split("=", 1)[0].replace("-", "_") for arg in argv if arg.startswith("--")}
+
+
+def parse_arguments(argv: list[str]) -> tuple[ModelArguments, DataArguments, TranslationTrainingArguments, bool]:
+    """Parse with the preset's training defaults in place; returns the three dataclasses and whether the do_* flags
+    were chosen automatically (all three, for the splits that exist)."""
+    parser = HfArgumentParser((ModelArguments, DataArguments, TranslationTrainingArguments))
+    from_json = len(argv) == 1 and argv[0].endswith(".json")
+    if from_json:
+        with open(argv[0]) as f:
+            values = json.load(f)
+        given = set(values)
+    else:
+        given = given_flags(argv)
+    if {"help", "h"} & given or "-h" in argv:
+        parser.parse_args_into_dataclasses(argv)  # prints the help and exits
+
+    # first pass: the model and data arguments decide the preset, whose defaults the full parse then uses
+    pre_parser = HfArgumentParser((ModelArguments, DataArguments), add_help=False)
+    if from_json:
+        model_args, data_args = pre_parser.parse_dict(values, allow_extra_keys=True)
+    else:
+        model_args, data_args, _ = pre_parser.parse_args_into_dataclasses(argv, return_remaining_strings=True)
+    preset = model_args.preset or ("base" if data_args.has_own_data() else "small")
+    defaults = training_defaults(preset)
+    auto_do = not {"do_train", "do_eval", "do_predict"} & given
+    if auto_do:
+        defaults.update(do_train=True, do_eval=True, do_predict=True)
+
+    if from_json:
+        model_args, data_args, training_args = parser.parse_dict({**defaults, **values})
+    else:
+        parser.set_defaults(**defaults)
+        model_args, data_args, training_args = parser.parse_args_into_dataclasses(argv)
+    model_args.preset = preset
+    data_args.max_source_length = data_args.max_source_length or PRESETS[preset]["max_length"]
+    data_args.max_target_length = data_args.max_target_length or PRESETS[preset]["max_length"]
+    return model_args, data_args, training_args, auto_do
+
+
+def resolve_checkpoint(training_args: TranslationTrainingArguments) -> str | None:
+    """--resume_from_checkpoint: a checkpoint folder, or 'last' / 'true' for the newest one in --output_dir."""
+    value = training_args.resume_from_checkpoint
+    if value is None or str(value).lower() in ("false", "none", ""):
+        return None
+    if str(value).lower() in ("last", "true"):
+        last = get_last_checkpoint(training_args.output_dir) if os.path.isdir(training_args.output_dir) else None
+        if last is None:
+            raise DataError(
+                f"--resume_from_checkpoint {value}: no checkpoint-* folder in {training_args.output_dir!r}."
+            )
+        return last
+    if not os.path.isdir(value):
+        raise DataError(f"--resume_from_checkpoint {value!r} is not a folder.")
+    return value
+
+
+def load_tokenizer(model_args, raw, source_lang, target_lang, training_args, checkpoint):
+    """The tokenizer: given, the model's, the checkpoint's, or trained here on the training split."""
+    for flag, path in (
+        ("--tokenizer_name", model_args.tokenizer_name),
+        ("--model_name_or_path", model_args.model_name_or_path),
+        ("--resume_from_checkpoint", checkpoint),
+    ):
+        if path is not None:
+            if not os.path.exists(path):
+                raise DataError(f"{flag} {path!r} does not exist.")
+            if flag != "--resume_from_checkpoint" or os.path.isfile(os.path.join(path, "tokenizer.json")):
+                try:
+                    return AutoTokenizer.from_pretrained(path, cache_dir=model_args.cache_dir), path
+                except (OSError, ValueError) as error:
+                    reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+                    raise DataError(f"{flag} {path!r}: no tokenizer could be loaded ({reason}).") from error
+    if "train" not in raw:
+        raise DataError("a tokenizer is needed: pass --tokenizer_name, --model_name_or_path or training data.")
+    vocab_size = model_args.vocab_size or PRESETS[model_args.preset]["vocab_size"]
+    # one process trains and saves it, the others load it, so that every rank has the same vocabulary
+    with training_args.main_process_first(desc="training the tokenizer"):
+        if training_args.process_index == 0:
+            tokenizer = train_tokenizer(iterate_texts(raw["train"], source_lang, target_lang), vocab_size=vocab_size)
+            tokenizer.save_pretrained(training_args.output_dir)
+        else:
+            tokenizer = AutoTokenizer.from_pretrained(training_args.output_dir)
+    return tokenizer, f"a {len(tokenizer)}-token BPE tokenizer trained on the training split"
+
+
+def build_model(model_args, tokenizer, tokenizer_source):
+    if model_args.model_name_or_path is not None:
+        if model_args.config_name or model_args.config_overrides:
+            raise DataError("--config_name/--config_overrides make a fresh model; drop them with --model_name_or_path.")
+        model = AutoModelForSeq2SeqLM.from_pretrained(model_args.model_name_or_path, cache_dir=model_args.cache_dir)
+    else:
+        config = build_config(
+            preset=model_args.preset,
+            config_name=model_args.config_name,
+            overrides=parse_config_overrides(model_args.config_overrides),
+            vocab_size=len(tokenizer),
+        )
+        model = VanillaTransformerForConditionalGeneration(config)
+    check_tokenizer_matches_config(tokenizer, model.config, tokenizer_source)
+    return model
+
+
+def print_summary(metrics: dict, output_dir: str) -> None:
+    width = max(map(len, metrics), default=10)
+    print(f"\n{'metric':<{width}}  value")
+    print(f"{'-' * width}  {'-' * 12}")
+    for name in sorted(metrics):
+        value = metrics[name]
+        print(f"{name:<{width}}  {value:.4f}" if isinstance(value, float) else f"{name:<{width}}  {value}")
+    print(f"\nsaved model, tokenizer, generation_config.json and all_results.json in {output_dir}")
+
+
+def main(argv: list[str] | None = None, callbacks=None) -> dict:
+    """Run the script with `argv` (default: the command line); returns the metrics. `callbacks` are extra
+    TrainerCallbacks (tests use them to watch the run)."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    use_cpu_if_no_accelerator()
+    model_args, data_args, training_args, auto_do = parse_arguments(argv)
+
+    logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s", level=logging.INFO)
+    log_level = training_args.get_process_log_level()
+    logger.setLevel(log_level)
+    transformers.utils.logging.set_verbosity(log_level)
+    is_main = training_args.process_index == 0
+    set_seed(training_args.seed)
+
+    # Everything that can be wrong with the arguments or the data is found here, before any training.
+    try:
+        checkpoint = resolve_checkpoint(training_args)
+        raw, source_lang, target_lang = load_raw_datasets(
+            source_lang=data_args.source_lang,
+            target_lang=data_args.target_lang,
+            dataset_name=data_args.dataset_name,
+            dataset_config_name=data_args.dataset_config_name,
+            train_file=data_args.train_file,
+            validation_file=data_args.validation_file,
+            test_file=data_args.test_file,
+            cache_dir=model_args.cache_dir,
+        )
+        for flag, split in (("--do_train", "train"), ("--do_eval", "validation"), ("--do_predict", "test")):
+            wanted = getattr(training_args, flag[2:])
+            if wanted and split not in raw:
+                if not auto_do:
+                    raise DataError(f"{flag} needs a {split} split, and the data has only {list(raw)}.")
+                setattr(training_args, flag[2:], False)
+        if not (training_args.do_train or training_args.do_eval or training_args.do_predict):
+            raise DataError("nothing to do: give data with a train, validation or test split.")
+        # splits nobody will read are neither tokenised nor kept
+        needed = {
+            "train": training_args.do_train,
+            "validation": training_args.do_eval or training_args.eval_strategy != "no",
+            "test": training_args.do_predict,
+        }
+        raw = DatasetDict({split: dataset for split, dataset in raw.items() if needed[split]})
+        raw = select_samples(
+            raw,
+            {
+                "train": data_args.max_train_samples,
+                "validation": data_args.max_eval_samples,
+                "test": data_args.max_predict_samples,
+            },
+        )
+        if not training_args.do_train and model_args.model_name_or_path is None:
+            raise DataError("evaluating without training needs a trained model: pass --model_name_or_path.")
+        tokenizer, tokenizer_source = load_tokenizer(
+            model_args, raw, source_lang, target_lang, training_args, checkpoint
+        )
+        model = build_model(model_args, tokenizer, tokenizer_source)
+        with training_args.main_process_first(desc="tokenizing"):
+            tokenized = tokenize_splits(
+                raw,
+                tokenizer,
+                source_lang,
+                target_lang,
+                data_args.max_source_length,
+                data_args.max_target_length,
+                num_proc=data_args.preprocessing_num_workers,
+                load_from_cache_file=not data_args.overwrite_cache,
+                print_fn=print if is_main else None,
+            )
+    except (DataError, ValueError, OSError) as error:
+        raise SystemExit(f"train.py: error: {str(error).strip().splitlines()[0]}") from None
+
+    training_args.generation_max_length = training_args.generation_max_length or data_args.max_target_length + 1
+    if model_args.model_name_or_path is None or model.generation_config.num_beams == 1:
+        model.generation_config = default_generation_config(
+            model.config,
+            num_beams=training_args.generation_num_beams or 4,
+            max_length=training_args.generation_max_length,
+        )
+    if is_main:
+        parameters = sum(p.numel() for p in model.parameters())
+        per_device, accumulation = training_args.per_device_train_batch_size, training_args.gradient_accumulation_steps
+        print(
+            f"model: {parameters / 1e6:.2f}M parameters ({model_args.model_name_or_path or model_args.preset}); "
+            f"{source_lang}->{target_lang}; tokenizer: {tokenizer_source}; global batch {per_device} per device x "
+            f"{training_args.world_size} processes x {accumulation} accumulation steps = "
+            f"{per_device * training_args.world_size * accumulation} pairs"
+        )
+
+    trainer = build_trainer(
+        model,
+        training_args,
+        tokenizer,
+        train_dataset=tokenized.get("train") if training_args.do_train else None,
+        eval_dataset=tokenized.get("validation"),
+        compute_metrics=make_compute_metrics(tokenizer),
+        callbacks=callbacks,
+    )
+
+    all_metrics: dict = {}
+    if training_args.do_train:
+        result = trainer.train(resume_from_checkpoint=checkpoint)
+        trainer.save_model()  # model, tokenizer and generation_config.json
+        metrics = dict(result.metrics, train_samples=len(tokenized["train"]))
+        trainer.log_metrics("train", metrics)
+        trainer.save_metrics("train", metrics)
+        trainer.save_state()
+        all_metrics.update(metrics)
+    if training_args.do_eval:
+        metrics = trainer.evaluate(metric_key_prefix="eval")
+        metrics["eval_samples"] = len(tokenized["validation"])
+        trainer.log_metrics("eval", metrics)
+        trainer.save_metrics("eval", metrics)
+        all_metrics.update(metrics)
+    if training_args.do_predict:
+        prediction = trainer.predict(tokenized["test"], metric_key_prefix="predict")
+        metrics = dict(prediction.metrics, predict_samples=len(tokenized["test"]))
+        trainer.log_metrics("predict", metrics)
+        trainer.save_metrics("predict", metrics)
+        all_metrics.update(metrics)
+        if trainer.is_world_process_zero():
+            ids = prediction.predictions
+            ids = ids.clip(min=0)  # -100 pads between batches
+            lines = [s.strip() for s in tokenizer.batch_decode(ids, skip_special_tokens=True)]
+            with open(os.path.join(training_args.output_dir, "generated_predictions.txt"), "w") as f:
+                f.write("\n".join(lines) + "\n")
+
+    if trainer.is_world_process_zero():
+        from vanilla_transformer.model_card import write_model_card
+
+        write_model_card(
+            training_args.output_dir,
+            metrics=all_metrics,
+            training_args=training_args,
+            dataset_name=data_args.dataset_name
+            or data_args.train_file
+            or ("the built-in German->English number-words demo corpus" if not data_args.has_own_data() else None),
+            source_lang=source_lang,
+            target_lang=target_lang,
+        )
+        print_summary(all_metrics, training_args.output_dir)
+    return all_metrics
+
+
+if __name__ == "__main__":
+    main()

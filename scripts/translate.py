@@ -1,0 +1,110 @@
+#!/usr/bin/env python
+"""Translate with a saved model, by beam search, one sentence per line.
+
+    python scripts/translate.py --model_dir outputs/demo --text "dreihundertzweiundvierzig" "siebzehn"
+    python scripts/translate.py --model_dir outputs/demo --input_file test.de --output_file test.hyp.en \
+        --references test.en
+    echo "dreihundertzweiundvierzig" | python scripts/translate.py --model_dir outputs/demo
+
+Sentences are batched by length (less padding) and written in input order; a progress bar (on stderr) shows on
+inputs of more than one batch. With --references, sacreBLEU and chrF of the translations are printed on stderr, so
+that stdout holds only translations.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from dataclasses import dataclass, field
+
+import transformers
+from transformers import HfArgumentParser
+
+import vanilla_transformer  # noqa: F401  (registers the model with the Auto classes)
+from vanilla_transformer.training import load_translator, translate
+
+
+@dataclass
+class TranslateArguments:
+    model_dir: str = field(metadata={"help": "A saved model folder (scripts/train.py's --output_dir)."})
+    text: list[str] | None = field(
+        default=None, metadata={"help": "Sentences to translate, given on the command line.", "nargs": "+"}
+    )
+    input_file: str | None = field(
+        default=None, metadata={"help": "A file of sentences, one per line (default: stdin when no --text)."}
+    )
+    output_file: str | None = field(default=None, metadata={"help": "Where to write translations (default: stdout)."})
+    references: str | None = field(
+        default=None, metadata={"help": "Reference translations, one per line: print sacreBLEU and chrF."}
+    )
+    batch_size: int = field(default=32, metadata={"help": "Sentences per batch."})
+    num_beams: int | None = field(default=None, metadata={"help": "Beam size (default: the model's, 4 for ours)."})
+    max_new_tokens: int | None = field(
+        default=None, metadata={"help": "Longest translation in tokens (default: longest input in the batch + 50)."}
+    )
+    device: str | None = field(default=None, metadata={"help": "cpu, cuda, ... (default: a GPU if there is one)."})
+
+
+def read_lines(flag: str, path: str) -> list[str]:
+    if not os.path.isfile(path):
+        raise ValueError(f"{flag} {path!r} does not exist.")
+    with open(path, encoding="utf-8") as f:
+        return f.read().splitlines()
+
+
+def main(argv: list[str] | None = None) -> None:
+    (args,) = HfArgumentParser(TranslateArguments).parse_args_into_dataclasses(argv)
+    transformers.utils.logging.disable_progress_bar()  # stderr keeps our own progress bar and scores only
+    try:
+        if args.text and args.input_file:
+            raise ValueError("pass --text or --input_file, not both.")
+        if args.text:
+            sentences = list(args.text)
+        elif args.input_file:
+            sentences = read_lines("--input_file", args.input_file)
+        else:
+            sentences = sys.stdin.read().splitlines()
+        references = read_lines("--references", args.references) if args.references else None
+        if references is not None and len(references) != len(sentences):
+            raise ValueError(
+                f"--references {args.references!r} has {len(references)} lines but there are {len(sentences)} inputs."
+            )
+        if args.num_beams is not None and args.num_beams < 1:
+            raise ValueError(f"--num_beams={args.num_beams} must be at least 1.")
+        model, tokenizer = load_translator(args.model_dir, device=args.device)
+    except (ValueError, OSError) as error:
+        raise SystemExit(f"translate.py: error: {str(error).strip().splitlines()[0]}") from None
+
+    start = time.perf_counter()
+    translations = translate(
+        model,
+        tokenizer,
+        sentences,
+        batch_size=args.batch_size,
+        num_beams=args.num_beams,
+        max_new_tokens=args.max_new_tokens,
+    )
+    seconds = time.perf_counter() - start
+
+    output = open(args.output_file, "w", encoding="utf-8") if args.output_file else sys.stdout
+    try:
+        for line in translations:
+            output.write(line + "\n")
+    finally:
+        if args.output_file:
+            output.close()
+    print(f"translated {len(sentences)} sentences in {seconds:.1f} s", file=sys.stderr)
+    if references is not None:
+        from vanilla_transformer.metrics import load_metric
+
+        bleu = load_metric("sacrebleu").compute(predictions=translations, references=references)
+        chrf = load_metric("chrf").compute(predictions=translations, references=references)
+        exact = 100.0 * sum(h.strip() == r.strip() for h, r in zip(translations, references)) / max(len(references), 1)
+        print(f"sacreBLEU  {bleu['score']:.2f}  ({bleu['signature']})", file=sys.stderr)
+        print(f"chrF       {chrf['score']:.2f}  ({chrf['signature']})", file=sys.stderr)
+        print(f"exact      {exact:.2f}%", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

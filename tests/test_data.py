@@ -1,0 +1,179 @@
+"""Data for translation (issue 7): the demo corpus, loading JSON lines / TSV / datasets, validation, tokenisation."""
+
+import json
+
+import pytest
+from datasets import Dataset, DatasetDict
+
+from vanilla_transformer.data import (
+    DataError,
+    demo_corpus,
+    english_number,
+    german_number,
+    load_raw_datasets,
+    tokenize_splits,
+)
+from vanilla_transformer.tokenizer import train_tokenizer
+
+NUMBERS = {
+    1: ("eins", "one"),
+    7: ("sieben", "seven"),
+    16: ("sechzehn", "sixteen"),
+    17: ("siebzehn", "seventeen"),
+    21: ("einundzwanzig", "twenty-one"),
+    30: ("dreißig", "thirty"),
+    70: ("siebzig", "seventy"),
+    100: ("einhundert", "one hundred"),
+    101: ("einhunderteins", "one hundred one"),
+    342: ("dreihundertzweiundvierzig", "three hundred forty-two"),
+    1000: ("eintausend", "one thousand"),
+    1001: ("eintausendeins", "one thousand one"),
+    7070: ("siebentausendsiebzig", "seven thousand seventy"),
+    9999: ("neuntausendneunhundertneunundneunzig", "nine thousand nine hundred ninety-nine"),
+    21000: ("einundzwanzigtausend", "twenty-one thousand"),
+    101001: ("einhunderteintausendeins", "one hundred one thousand one"),
+}
+
+
+@pytest.mark.parametrize("n", sorted(NUMBERS))
+def test_number_words(n):
+    assert (german_number(n), english_number(n)) == NUMBERS[n]
+
+
+@pytest.mark.parametrize("n", [0, -3, 1_000_000])
+def test_number_words_reject_out_of_range(n):
+    with pytest.raises(ValueError, match="out of range"):
+        german_number(n)
+    with pytest.raises(ValueError, match="out of range"):
+        english_number(n)
+
+
+def test_demo_corpus_is_deterministic_with_fixed_disjoint_splits():
+    first, second = demo_corpus(), demo_corpus()
+    assert {s: len(first[s]) for s in first} == {"train": 8999, "validation": 500, "test": 500}
+    for split in first:
+        assert first[split]["translation"] == second[split]["translation"]
+    sources = {split: {row["de"] for row in first[split]["translation"]} for split in first}
+    assert not sources["train"] & sources["test"]
+    assert not sources["train"] & sources["validation"]
+    assert not sources["validation"] & sources["test"]
+    assert set().union(*sources.values()) == {german_number(n) for n in range(1, 10000)}
+    # every pair is a number and its translation
+    number_of = {german_number(n): n for n in range(1, 10000)}
+    for split in first:
+        for row in first[split]["translation"]:
+            assert row["en"] == english_number(number_of[row["de"]])
+    # targets of several words, so that corpus BLEU (up to 4-grams) is meaningful
+    words = [len(row["en"].split()) for row in first["test"]["translation"]]
+    assert sum(words) / len(words) > 4 and sum(w >= 4 for w in words) / len(words) > 0.8
+
+
+def test_default_data_is_the_demo_corpus():
+    raw, source_lang, target_lang = load_raw_datasets(source_lang=None, target_lang=None)
+    assert (source_lang, target_lang) == ("de", "en")
+    assert set(raw) == {"train", "validation", "test"}
+
+
+def write_jsonl(path, pairs):
+    path.write_text("".join(json.dumps({"translation": pair}, ensure_ascii=False) + "\n" for pair in pairs))
+    return str(path)
+
+
+def test_loads_json_lines_and_tsv(tmp_path):
+    train = write_jsonl(
+        tmp_path / "train.jsonl", [{"de": "Grüße aus Köln", "en": "greetings from Cologne"}, {"de": "ja", "en": "yes"}]
+    )
+    # quotes, "NA" and numbers must come through as the text they are
+    (tmp_path / "test.tsv").write_text('en\tde\n"quoted" words\t„zitierte“ Wörter\nNA\tNA\n42\t42\n')
+    raw, source_lang, target_lang = load_raw_datasets(
+        source_lang="de", target_lang="en", train_file=train, test_file=str(tmp_path / "test.tsv")
+    )
+    assert raw["train"][0]["translation"] == {"de": "Grüße aus Köln", "en": "greetings from Cologne"}
+    assert raw["test"]["de"] == ["„zitierte“ Wörter", "NA", "42"]
+    assert raw["test"]["en"] == ['"quoted" words', "NA", "42"]
+
+
+def test_loads_a_saved_dataset_dict(tmp_path):
+    pairs = [{"fr": "bonjour", "en": "hello"}, {"fr": "merci", "en": "thanks"}]
+    DatasetDict({"train": Dataset.from_dict({"translation": pairs})}).save_to_disk(str(tmp_path / "ds"))
+    raw, *_ = load_raw_datasets(source_lang="fr", target_lang="en", dataset_name=str(tmp_path / "ds"))
+    assert raw["train"]["translation"] == pairs
+
+
+def check_one_line_error(match: str, **kwargs) -> str:
+    with pytest.raises(DataError, match=match) as info:
+        load_raw_datasets(**kwargs)
+    message = str(info.value)
+    assert "\n" not in message and len(message) < 300
+    return message
+
+
+def test_errors_name_what_is_wrong(tmp_path):
+    missing = str(tmp_path / "missing.jsonl")
+    message = check_one_line_error("does not exist", source_lang="de", target_lang="en", train_file=missing)
+    assert "--train_file" in message and missing in message
+
+    (tmp_path / "empty.jsonl").write_text("\n  \n")
+    message = check_one_line_error(
+        "is empty", source_lang="de", target_lang="en", validation_file=str(tmp_path / "empty.jsonl")
+    )
+    assert "--validation_file" in message
+
+    fr_en = write_jsonl(tmp_path / "fr-en.jsonl", [{"fr": "oui", "en": "yes"}])
+    message = check_one_line_error("no 'de' sentences", source_lang="de", target_lang="en", train_file=fr_en)
+    assert "fr-en.jsonl" in message and "['en', 'fr']" in message
+
+    (tmp_path / "pairs.tsv").write_text("fr\ten\noui\tyes\n")
+    check_one_line_error("no 'de' sentences", source_lang="de", target_lang="en", test_file=str(tmp_path / "pairs.tsv"))
+
+    (tmp_path / "noheader.tsv").write_text("oui\n")
+    check_one_line_error(
+        "first line must name", source_lang="fr", target_lang="en", train_file=str(tmp_path / "noheader.tsv")
+    )
+
+    (tmp_path / "pairs.csv").write_text("fr,en\noui,yes\n")
+    check_one_line_error(
+        "unknown extension", source_lang="fr", target_lang="en", train_file=str(tmp_path / "pairs.csv")
+    )
+
+    DatasetDict({"train": Dataset.from_dict({"translation": [{"fr": "oui", "en": "yes"}]})}).save_to_disk(
+        str(tmp_path / "ds")
+    )
+    message = check_one_line_error(
+        "no 'de' sentences", source_lang="de", target_lang="en", dataset_name=str(tmp_path / "ds")
+    )
+    assert "--dataset_name" in message and "'train'" in message
+
+    check_one_line_error("are required", source_lang=None, target_lang="en", train_file=fr_en)
+    check_one_line_error("not both", source_lang="fr", target_lang="en", train_file=fr_en, dataset_name="wmt16")
+    check_one_line_error(
+        "could not be loaded", source_lang="de", target_lang="en", dataset_name=str(tmp_path / "no-such-dataset")
+    )
+
+
+def test_long_pairs_are_dropped_and_counted_never_truncated(capsys):
+    raw = DatasetDict(
+        {
+            "train": Dataset.from_dict(
+                {
+                    "translation": [
+                        {"de": "eins", "en": "one"},
+                        {"de": "zwei", "en": "two"},
+                        {"de": "eins " * 20, "en": "one"},  # source too long
+                        {"de": "drei", "en": "three " * 20},  # target too long
+                    ]
+                }
+            )
+        }
+    )
+    tokenizer = train_tokenizer(["eins zwei drei", "one two three"] * 5, vocab_size=300)
+    tokenized = tokenize_splits(raw, tokenizer, "de", "en", max_source_length=8, max_target_length=8)
+    assert "train: kept 2 of 4 pairs; dropped 2 longer than" in capsys.readouterr().out
+    assert len(tokenized["train"]) == 2
+    for row, (source, target) in zip(tokenized["train"], [("eins", "one"), ("zwei", "two")]):
+        assert row["input_ids"] == tokenizer(source)["input_ids"]
+        assert row["labels"] == tokenizer(target)["input_ids"]  # whole, eos included
+        assert row["labels"][-1] == tokenizer.eos_token_id
+
+    with pytest.raises(DataError, match="every pair is longer"):
+        tokenize_splits(raw, tokenizer, "de", "en", max_source_length=1, max_target_length=1, print_fn=None)

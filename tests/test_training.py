@@ -1,0 +1,452 @@
+"""Training end to end (issue 7): presets and the paper's recipe, train.py, translate.py, average_checkpoints.py,
+resuming, data parallel training with Accelerate, and one-line errors before any training."""
+
+import dataclasses
+import importlib.util
+import json
+import os
+import socket
+import subprocess
+import sys
+
+import pytest
+import torch
+from conftest import tiny_config
+from safetensors.torch import load_file
+from tokenizers import Tokenizer, models, pre_tokenizers
+from transformers import (
+    AutoModelForSeq2SeqLM,
+    AutoTokenizer,
+    PreTrainedTokenizerFast,
+    Seq2SeqTrainingArguments,
+    TrainerCallback,
+)
+
+from vanilla_transformer import VanillaTransformerConfig, VanillaTransformerForConditionalGeneration
+from vanilla_transformer.data import demo_corpus
+from vanilla_transformer.tokenizer import iterate_texts, train_tokenizer
+from vanilla_transformer.training import (
+    PRESETS,
+    build_config,
+    build_trainer,
+    list_checkpoints,
+    parse_config_overrides,
+    save_averaged_model,
+    translate,
+)
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SCRIPTS = os.path.join(REPO, "scripts")
+TINY_MODEL = [
+    "--config_overrides",
+    "d_model=32,encoder_layers=1,decoder_layers=1,encoder_attention_heads=2,decoder_attention_heads=2,"
+    "encoder_ffn_dim=64,decoder_ffn_dim=64",
+    "--max_source_length",
+    "32",
+    "--max_target_length",
+    "32",
+    "--generation_max_length",
+    "10",
+    "--disable_tqdm",
+    "true",
+    "--report_to",
+    "none",
+]
+
+
+def load_script(name: str):
+    spec = importlib.util.spec_from_file_location(f"script_{name}", os.path.join(SCRIPTS, f"{name}.py"))
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+train_script = load_script("train")
+
+
+def script_env(tmp_path) -> dict:
+    return dict(
+        os.environ,
+        HF_HUB_OFFLINE="1",
+        HF_DATASETS_OFFLINE="1",
+        HF_DATASETS_CACHE=str(tmp_path / "datasets-cache"),
+        TOKENIZERS_PARALLELISM="false",
+        OMP_NUM_THREADS="1",
+    )
+
+
+def run_script(name: str, args: list[str], tmp_path, **kwargs) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, os.path.join(SCRIPTS, f"{name}.py"), *args],
+        capture_output=True,
+        text=True,
+        env=script_env(tmp_path),
+        **kwargs,
+    )
+
+
+@pytest.fixture(scope="module")
+def demo_tokenizer(tmp_path_factory) -> str:
+    path = str(tmp_path_factory.mktemp("demo-tokenizer"))
+    train_tokenizer(iterate_texts(demo_corpus()["train"], "de", "en"), vocab_size=400).save_pretrained(path)
+    return path
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Presets, arguments and the paper's recipe
+# --------------------------------------------------------------------------------------------------------------------
+
+
+def test_presets():
+    base, big = build_config("base", vocab_size=37000), build_config("big", vocab_size=37000)
+    paper_base = VanillaTransformerConfig(vocab_size=37000).to_dict()
+    assert {k: v for k, v in base.to_dict().items() if k != "transformers_version"} == {
+        k: v for k, v in paper_base.items() if k != "transformers_version"
+    }
+    assert (base.d_model, base.encoder_layers, base.encoder_attention_heads, base.encoder_ffn_dim) == (512, 6, 8, 2048)
+    assert (big.d_model, big.decoder_layers, big.decoder_attention_heads, big.decoder_ffn_dim) == (1024, 6, 16, 4096)
+    assert (base.dropout, big.dropout) == (0.1, 0.3)
+    small = build_config("small", vocab_size=400, overrides=parse_config_overrides("d_model=64,dropout=0.2"))
+    assert (small.vocab_size, small.decoder_vocab_size, small.d_model, small.dropout) == (400, 400, 64, 0.2)
+    # the peak learning rate of each preset is the paper's d_model^-0.5 * warmup^-0.5
+    for name, config in (("base", base), ("big", big)):
+        training = PRESETS[name]["training"]
+        assert training["learning_rate"] == pytest.approx(
+            config.d_model**-0.5 * training["warmup_steps"] ** -0.5, rel=0.02
+        )
+    with pytest.raises(ValueError, match="'heads' is not a VanillaTransformerConfig field"):
+        parse_config_overrides("heads=4")
+    with pytest.raises(ValueError, match="--preset 'huge' is unknown"):
+        build_config("huge")
+
+
+def test_preset_defaults_yield_to_flags(tmp_path):
+    out = ["--output_dir", str(tmp_path)]
+    model_args, data_args, args, auto_do = train_script.parse_arguments(out)
+    assert model_args.preset == "small" and auto_do and args.do_train and args.do_eval and args.do_predict
+    assert (args.learning_rate, args.warmup_steps) == (PRESETS["small"]["training"]["learning_rate"], 200)
+    assert data_args.max_source_length == PRESETS["small"]["max_length"]
+
+    own_data = out + ["--train_file", "x.jsonl", "--source_lang", "de", "--target_lang", "en", "--do_train"]
+    model_args, data_args, args, auto_do = train_script.parse_arguments(own_data)
+    assert model_args.preset == "base" and not auto_do and not args.do_eval
+    assert (args.learning_rate, args.warmup_steps, data_args.max_source_length) == (7e-4, 4000, 256)
+
+    _, _, args, _ = train_script.parse_arguments(out + ["--learning_rate", "1e-4", "--preset", "big"])
+    assert (args.learning_rate, args.warmup_steps) == (1e-4, 4000)
+
+    (tmp_path / "args.json").write_text(json.dumps({"output_dir": str(tmp_path), "warmup_steps": 7}))
+    model_args, _, args, _ = train_script.parse_arguments([str(tmp_path / "args.json")])
+    assert (model_args.preset, args.warmup_steps, args.learning_rate) == (
+        "small",
+        7,
+        PRESETS["small"]["training"]["learning_rate"],
+    )
+
+
+def test_help_documents_every_flag(capsys):
+    with pytest.raises(SystemExit) as info:
+        train_script.main(["--help"])
+    assert info.value.code == 0
+    text = capsys.readouterr().out
+    for dataclass in (train_script.ModelArguments, train_script.DataArguments):
+        for f in dataclasses.fields(dataclass):
+            assert f.metadata.get("help"), f"--{f.name} has no help"
+            assert f"--{f.name}" in text
+    for f in dataclasses.fields(Seq2SeqTrainingArguments):
+        if f.init and not f.name.startswith("_"):
+            assert f"--{f.name}" in text, f"--{f.name} is missing from train.py --help"
+
+
+def test_the_trainer_follows_the_papers_recipe(tmp_path, demo_tokenizer):
+    _, _, args, _ = train_script.parse_arguments(["--output_dir", str(tmp_path), "--preset", "base"])
+    tokenizer = AutoTokenizer.from_pretrained(demo_tokenizer)
+    model = VanillaTransformerForConditionalGeneration(tiny_config(vocab_size=len(tokenizer)))
+    trainer = build_trainer(model, args, tokenizer)
+    trainer.create_optimizer_and_scheduler(num_training_steps=100_000)
+    group = trainer.optimizer.param_groups[0]
+    assert (group["betas"], group["eps"], group["weight_decay"]) == ((0.9, 0.98), 1e-9, 0.0)
+    assert trainer.label_smoother.epsilon == 0.1
+    assert args.generation_num_beams == 4 and args.predict_with_generate
+    # lrate = d_model^-0.5 * min(step^-0.5, step * warmup^-1.5), §5.3, with d_model = 512 and warmup = 4000
+    scheduler, warmup = trainer.lr_scheduler, 4000
+    for step in (1, 100, 2000, 4000, 8000, 64000):
+        factor = scheduler.lr_lambdas[0](step)
+        assert args.learning_rate * factor == pytest.approx(512**-0.5 * min(step**-0.5, step * warmup**-1.5), rel=0.01)
+    assert scheduler.lr_lambdas[0](16000) == pytest.approx(0.5)  # inverse square root: 4x the steps, half the rate
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# train.py -> translate.py -> average_checkpoints.py
+# --------------------------------------------------------------------------------------------------------------------
+
+
+def test_train_translate_average_end_to_end(tmp_path):
+    out = tmp_path / "run"
+    args = ["--output_dir", str(out), "--max_train_samples", "64", "--max_eval_samples", "8"]
+    args += ["--max_predict_samples", "8", "--per_device_train_batch_size", "16", "--num_train_epochs", "2"]
+    args += ["--save_strategy", "steps", "--save_steps", "4", "--vocab_size", "300", *TINY_MODEL]
+    result = run_script("train", args, tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "train: kept 64 of 64 pairs; dropped 0" in result.stdout
+
+    results = json.loads((out / "all_results.json").read_text())
+    for key in ("train_loss", "eval_bleu", "eval_chrf", "eval_exact_match", "predict_bleu", "predict_chrf"):
+        assert isinstance(results[key], float), key
+    assert results["train_samples"] == 64 and results["predict_samples"] == 8
+    for split in ("train", "eval", "predict"):
+        assert (out / f"{split}_results.json").is_file()
+    assert len((out / "generated_predictions.txt").read_text().splitlines()) == 8
+    generation = json.loads((out / "generation_config.json").read_text())
+    assert (generation["num_beams"], generation["decoder_start_token_id"], generation["eos_token_id"]) == (4, 1, 2)
+    tokenizer = AutoTokenizer.from_pretrained(str(out))
+    assert (tokenizer.pad_token_id, tokenizer.bos_token_id, tokenizer.eos_token_id, len(tokenizer)) == (0, 1, 2, 300)
+    model = AutoModelForSeq2SeqLM.from_pretrained(str(out))
+    assert model.config.d_model == 32 and model.config.vocab_size == 300
+    assert [os.path.basename(p) for p in list_checkpoints(str(out))] == ["checkpoint-4", "checkpoint-8"]
+
+    # translate.py: stdin in, translations out in input order, scores on stderr
+    sources = ["dreihundertzweiundvierzig", "eins", "neuntausendneunhundertneunundneunzig", "", "siebzehn"]
+    references = tmp_path / "refs.en"
+    references.write_text("three hundred forty-two\none\nnine thousand nine hundred ninety-nine\n\nseventeen\n")
+    translated = run_script(
+        "translate",
+        ["--model_dir", str(out), "--references", str(references), "--batch_size", "2", "--max_new_tokens", "8"],
+        tmp_path,
+        input="\n".join(sources) + "\n",
+    )
+    assert translated.returncode == 0, translated.stderr[-3000:]
+    lines = translated.stdout.splitlines()
+    assert len(lines) == len(sources) and lines[3] == ""
+    expected = translate(model, tokenizer, sources, batch_size=1, max_new_tokens=8)
+    assert lines == expected
+    assert "sacreBLEU" in translated.stderr and "chrF" in translated.stderr
+
+    # average_checkpoints.py: the last 2 checkpoints, exactly
+    averaged_dir = tmp_path / "avg"
+    averaged = run_script(
+        "average_checkpoints",
+        ["--checkpoint_dir", str(out), "--num_checkpoints", "2", "--output_dir", str(averaged_dir)],
+        tmp_path,
+    )
+    assert averaged.returncode == 0, averaged.stderr[-3000:]
+    first, second = (load_file(str(out / f"checkpoint-{step}" / "model.safetensors")) for step in (4, 8))
+    average = AutoModelForSeq2SeqLM.from_pretrained(str(averaged_dir)).state_dict()
+    assert any(not torch.equal(first[name], second[name]) for name in first)
+    for name in first:
+        expected = ((first[name].double() + second[name].double()) / 2).to(first[name].dtype)
+        assert torch.equal(average[name], expected), name
+    assert AutoTokenizer.from_pretrained(str(averaged_dir)).get_vocab() == tokenizer.get_vocab()
+
+
+def test_average_picks_the_last_checkpoints_by_step_and_is_exact(tmp_path):
+    model = VanillaTransformerForConditionalGeneration(tiny_config())
+    # checkpoint-N holds every weight = value; sorted as text, checkpoint-100 would come before checkpoint-20
+    for step, value in ((10, 1.0), (20, 2.0), (50, 3.0), (100, 4.0), (200, 8.0)):
+        with torch.no_grad():
+            for parameter in model.parameters():
+                parameter.fill_(value)
+        model.save_pretrained(str(tmp_path / f"checkpoint-{step}"))
+    (tmp_path / "checkpoint-300-tmp").mkdir()  # not a checkpoint
+    found = list_checkpoints(str(tmp_path))
+    assert [os.path.basename(p) for p in found] == [f"checkpoint-{s}" for s in (10, 20, 50, 100, 200)]
+    averaged = save_averaged_model(found[-3:], str(tmp_path / "avg"))
+    reloaded = AutoModelForSeq2SeqLM.from_pretrained(str(tmp_path / "avg"))
+    for parameters in (averaged.parameters(), reloaded.parameters()):
+        for parameter in parameters:
+            assert torch.all(parameter == 5.0)  # (3 + 4 + 8) / 3
+
+
+class EchoModel(torch.nn.Module):
+    """Generates its input back, so that translate()'s batching and ordering are checked exactly."""
+
+    def __init__(self):
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.zeros(1))
+        self.calls = []
+
+    def generate(self, input_ids, attention_mask, max_new_tokens, **kwargs):
+        self.calls.append((input_ids.shape, max_new_tokens))
+        return input_ids
+
+
+def test_translate_batches_by_length_and_keeps_input_order(capsys):
+    tokenizer = train_tokenizer(["a b c d e f g h i j k l m n o p"] * 3, vocab_size=300)
+    sentences = [" ".join("abcdefghijklmnop"[: 1 + (7 * i) % 16]) for i in range(40)] + ["", "   "]
+    model = EchoModel()
+    assert translate(model, tokenizer, sentences, batch_size=8) == [s.strip() for s in sentences]
+    assert len(model.calls) == 5  # 40 non-empty sentences, 8 per batch
+    widths = [shape[1] for shape, _ in model.calls]
+    assert widths == sorted(widths)  # batches of increasing length: little padding
+    assert all(limit == shape[1] + 50 for shape, limit in model.calls)  # §6.1: input length + 50
+    assert "40/40" in capsys.readouterr().err  # the progress bar
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Resuming, and data parallel training
+# --------------------------------------------------------------------------------------------------------------------
+
+
+class Interrupted(Exception):
+    pass
+
+
+class StopAfterSave(TrainerCallback):
+    """Kills the run right after checkpoint `step` is written."""
+
+    def __init__(self, step: int):
+        self.step = step
+
+    def on_save(self, args, state, control, **kwargs):
+        if state.global_step == self.step:
+            raise Interrupted
+
+
+def test_resumed_run_ends_with_the_weights_of_an_uninterrupted_one(tmp_path, demo_tokenizer):
+    def args(output_dir):
+        return [
+            *("--output_dir", str(output_dir), "--tokenizer_name", demo_tokenizer, "--do_train", "--seed", "7"),
+            *("--max_train_samples", "24", "--per_device_train_batch_size", "4", "--max_steps", "10"),
+            *("--save_strategy", "steps", "--save_steps", "4", "--warmup_steps", "3", "--learning_rate", "1e-2"),
+            *TINY_MODEL,
+        ]
+
+    train_script.main(args(tmp_path / "straight"))
+    with pytest.raises(Interrupted):  # 6 steps an epoch: stopped in the middle of the second epoch, dropout on
+        train_script.main(args(tmp_path / "stopped"), callbacks=[StopAfterSave(8)])
+    assert not (tmp_path / "stopped" / "model.safetensors").exists()
+    train_script.main(args(tmp_path / "stopped") + ["--resume_from_checkpoint", "last"])
+
+    straight = load_file(str(tmp_path / "straight" / "model.safetensors"))
+    resumed = load_file(str(tmp_path / "stopped" / "model.safetensors"))
+    at_8 = load_file(str(tmp_path / "stopped" / "checkpoint-8" / "model.safetensors"))
+    assert straight.keys() == resumed.keys()
+    assert any(not torch.equal(at_8[name], resumed[name]) for name in resumed)  # steps 9-10 did train
+    for name in straight:
+        assert torch.equal(straight[name], resumed[name]), name
+
+
+LAUNCHER = '''
+import importlib.util, json, os, sys
+import torch
+from transformers import TrainerCallback
+
+spec = importlib.util.spec_from_file_location("train_script", sys.argv[1])
+train_script = sys.modules["train_script"] = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(train_script)
+
+
+class Watch(TrainerCallback):
+    """Records, on each rank, the training batches its model sees, then its final weights."""
+
+    def __init__(self, folder):
+        self.folder, self.batches = folder, []
+
+    def on_train_begin(self, args, state, control, model=None, **kwargs):
+        def record(module, inputs, kw):
+            if module.training:
+                self.batches.append([row[row != 0].tolist() for row in kw["input_ids"]])
+        model.register_forward_pre_hook(record, with_kwargs=True)
+
+    def on_train_end(self, args, state, control, model=None, **kwargs):
+        rank = args.process_index
+        torch.save(model.state_dict(), os.path.join(self.folder, f"rank{rank}.pt"))
+        with open(os.path.join(self.folder, f"rank{rank}.json"), "w") as f:
+            json.dump({"world_size": args.world_size, "steps": state.global_step, "batches": self.batches}, f)
+
+
+train_script.main(sys.argv[3:], callbacks=[Watch(sys.argv[2])])
+'''
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_accelerate_launch_two_processes_on_cpu(tmp_path):
+    launcher, watch = tmp_path / "launcher.py", tmp_path / "watch"
+    launcher.write_text(LAUNCHER)
+    watch.mkdir()
+    command = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2"]
+    command += ["--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no"]
+    command += ["--main_process_port", str(free_port()), str(launcher), os.path.join(SCRIPTS, "train.py"), str(watch)]
+    command += ["--output_dir", str(tmp_path / "run"), "--do_train", "--max_train_samples", "32", "--vocab_size", "300"]
+    command += ["--per_device_train_batch_size", "4", "--num_train_epochs", "1", "--save_strategy", "no", *TINY_MODEL]
+    result = subprocess.run(command, capture_output=True, text=True, env=script_env(tmp_path), timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+
+    ranks = [json.loads((watch / f"rank{r}.json").read_text()) for r in (0, 1)]
+    assert [r["world_size"] for r in ranks] == [2, 2]  # one gloo group, not two lone runs
+    # each optimizer step: 4 pairs on each rank, 8 different pairs in all: 32 pairs in 4 steps, not 8
+    assert [r["steps"] for r in ranks] == [4, 4]
+    assert [[len(batch) for batch in r["batches"]] for r in ranks] == [[4] * 4, [4] * 4]
+    seen = [tuple(row) for r in ranks for batch in r["batches"] for row in batch]
+    assert len(seen) == len(set(seen)) == 32  # every training pair once, on one rank
+    weights = [torch.load(watch / f"rank{r}.pt") for r in (0, 1)]
+    for name in weights[0]:
+        assert torch.equal(weights[0][name], weights[1][name]), name
+    assert "global batch 4 per device x 2 processes x 1 accumulation steps = 8 pairs" in result.stdout
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Bad input: one line, before any training
+# --------------------------------------------------------------------------------------------------------------------
+
+
+def test_wrong_path_is_one_line_before_training(tmp_path):
+    missing = str(tmp_path / "missing.jsonl")
+    result = run_script(
+        "train", ["--train_file", missing, "--source_lang", "de", "--target_lang", "en", "--output_dir", "x"], tmp_path
+    )
+    assert result.returncode != 0
+    assert result.stderr.strip().splitlines()[-1] == f"train.py: error: --train_file '{missing}' does not exist."
+    assert "Traceback" not in result.stderr and "model:" not in result.stdout
+
+
+def expect_exit(args: list[str], message: str) -> None:
+    with pytest.raises(SystemExit) as info:
+        train_script.main(args)
+    text = str(info.value.code)
+    assert text.startswith("train.py: error: ") and "\n" not in text
+    assert message in text, text
+
+
+def test_bad_data_and_tokenizers_are_refused_before_training(tmp_path, demo_tokenizer):
+    out = ["--output_dir", str(tmp_path / "out"), "--source_lang", "de", "--target_lang", "en"]
+    (tmp_path / "empty.jsonl").write_text("")
+    expect_exit(out + ["--train_file", str(tmp_path / "empty.jsonl")], "empty.jsonl' is empty.")
+
+    fr_en = tmp_path / "fr-en.jsonl"
+    fr_en.write_text(json.dumps({"translation": {"fr": "oui", "en": "yes"}}) + "\n")
+    expect_exit(out + ["--train_file", str(fr_en)], "has no 'de' sentences (--source_lang de); it offers ['en', 'fr']")
+    de_en = tmp_path / "de-en.jsonl"
+    de_en.write_text(json.dumps({"translation": {"de": "ja", "en": "yes"}}) + "\n")
+    expect_exit(out + ["--validation_file", str(de_en), "--do_train"], "--do_train needs a train split")
+
+    # a tokenizer whose special tokens sit at other ids than the model's
+    backend = Tokenizer(models.WordLevel({"<unk>": 0, "<pad>": 1, "<s>": 2, "</s>": 3, "ja": 4}, unk_token="<unk>"))
+    backend.pre_tokenizer = pre_tokenizers.Whitespace()
+    odd = PreTrainedTokenizerFast(
+        tokenizer_object=backend, pad_token="<pad>", bos_token="<s>", eos_token="</s>", unk_token="<unk>"
+    )
+    odd.save_pretrained(str(tmp_path / "odd"))
+    expect_exit(
+        ["--output_dir", str(tmp_path / "out"), "--tokenizer_name", str(tmp_path / "odd")],
+        "has pad_token_id=1 but the model config has pad_token_id=0",
+    )
+    expect_exit(["--output_dir", str(tmp_path / "out"), "--tokenizer_name", str(tmp_path / "nope")], "does not exist")
+    expect_exit(
+        [
+            "--output_dir",
+            str(tmp_path / "out"),
+            "--tokenizer_name",
+            demo_tokenizer,
+            "--config_overrides",
+            "d_model=30,x",
+        ],
+        "'x' is not of the form key=value",
+    )
+    assert not (tmp_path / "out" / "model.safetensors").exists()

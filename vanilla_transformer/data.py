@@ -1,0 +1,355 @@
+"""Parallel data for translation: the built-in demo corpus, loading user corpora, and tokenisation.
+
+Every split ends up as a `datasets.Dataset` whose rows hold a `translation` dict (`{"de": ..., "en": ...}`, the
+layout of transformers' run_translation.py and of Hub translation datasets such as wmt16), or one column per language
+(TSV files). Problems with the data are raised as `DataError`, whose message is one line naming the culprit, before
+any model is built.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+from collections.abc import Callable
+
+import datasets
+from datasets import Dataset, DatasetDict
+
+DEMO_SOURCE_LANG = "de"
+DEMO_TARGET_LANG = "en"
+SPLITS = ("train", "validation", "test")
+
+
+class DataError(ValueError):
+    """A problem with the user's data or data arguments; the message is one line meant for the command line."""
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# The demo corpus: German number words -> English number words
+# --------------------------------------------------------------------------------------------------------------------
+
+_DE_UNITS = ["", "ein", "zwei", "drei", "vier", "fünf", "sechs", "sieben", "acht", "neun"]
+_DE_TEENS = ["zehn", "elf", "zwölf", "dreizehn", "vierzehn", "fünfzehn", "sechzehn", "siebzehn", "achtzehn", "neunzehn"]
+_DE_TENS = ["", "", "zwanzig", "dreißig", "vierzig", "fünfzig", "sechzig", "siebzig", "achtzig", "neunzig"]
+_EN_UNITS = ["", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine"]
+_EN_TEENS = [
+    "ten",
+    "eleven",
+    "twelve",
+    "thirteen",
+    "fourteen",
+    "fifteen",
+    "sixteen",
+    "seventeen",
+    "eighteen",
+    "nineteen",
+]
+_EN_TENS = ["", "", "twenty", "thirty", "forty", "fifty", "sixty", "seventy", "eighty", "ninety"]
+
+
+def _german_below_1000(n: int, final: bool) -> str:
+    # "eins" only ends a number; inside a compound it is "ein" (einundzwanzig, einhundert, eintausend)
+    hundreds, rest = divmod(n, 100)
+    word = _DE_UNITS[hundreds] + "hundert" if hundreds else ""
+    if rest == 1:
+        word += "eins" if final else "ein"
+    elif rest < 10:
+        word += _DE_UNITS[rest]
+    elif rest < 20:
+        word += _DE_TEENS[rest - 10]
+    else:
+        tens, units = divmod(rest, 10)
+        # units before tens, joined by "und": 42 = zweiundvierzig
+        word += (_DE_UNITS[units] + "und" if units else "") + _DE_TENS[tens]
+    return word
+
+
+def german_number(n: int) -> str:
+    """The German word for 1 <= n < 1,000,000, written as one compound: 342 -> "dreihundertzweiundvierzig"."""
+    if not 1 <= n < 1_000_000:
+        raise ValueError(f"german_number: n={n} is out of range; it must be in [1, 999999].")
+    thousands, rest = divmod(n, 1000)
+    word = _german_below_1000(thousands, final=False) + "tausend" if thousands else ""
+    return word + (_german_below_1000(rest, final=True) if rest else "")
+
+
+def _english_below_1000(n: int) -> list[str]:
+    hundreds, rest = divmod(n, 100)
+    words = [_EN_UNITS[hundreds], "hundred"] if hundreds else []
+    if 0 < rest < 10:
+        words.append(_EN_UNITS[rest])
+    elif 10 <= rest < 20:
+        words.append(_EN_TEENS[rest - 10])
+    elif rest >= 20:
+        tens, units = divmod(rest, 10)
+        words.append(_EN_TENS[tens] + ("-" + _EN_UNITS[units] if units else ""))
+    return words
+
+
+def english_number(n: int) -> str:
+    """The English words for 1 <= n < 1,000,000, American style: 342 -> "three hundred forty-two"."""
+    if not 1 <= n < 1_000_000:
+        raise ValueError(f"english_number: n={n} is out of range; it must be in [1, 999999].")
+    thousands, rest = divmod(n, 1000)
+    words = _english_below_1000(thousands) + ["thousand"] if thousands else []
+    return " ".join(words + _english_below_1000(rest))
+
+
+def demo_corpus(
+    max_number: int = 9999, validation_size: int = 500, test_size: int = 500, seed: int = 20170612
+) -> DatasetDict:
+    """The built-in German->English corpus: every number from 1 to `max_number`, as words, split at random (with a
+    fixed seed, so always the same way) into disjoint test, validation and train splits.
+
+    German writes a number as one word with the units before the tens ("dreihundertzweiundvierzig"), English as several
+    words in a different order ("three hundred forty-two"): the model has to segment and reorder, and the targets are
+    long enough for BLEU to mean something.
+    """
+    if validation_size < 0 or test_size < 0 or validation_size + test_size >= max_number:
+        raise DataError(
+            f"demo corpus: validation_size={validation_size} + test_size={test_size} must leave training examples "
+            f"among the {max_number} numbers."
+        )
+    numbers = list(range(1, max_number + 1))
+    random.Random(seed).shuffle(numbers)
+    split_numbers = {
+        "train": numbers[test_size + validation_size :],
+        "validation": numbers[test_size : test_size + validation_size],
+        "test": numbers[:test_size],
+    }
+    return DatasetDict(
+        {
+            split: Dataset.from_dict(
+                {
+                    "translation": [
+                        {DEMO_SOURCE_LANG: german_number(n), DEMO_TARGET_LANG: english_number(n)} for n in nums
+                    ]
+                }
+            )
+            for split, nums in split_numbers.items()
+        }
+    )
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Loading user corpora
+# --------------------------------------------------------------------------------------------------------------------
+
+JSON_EXTENSIONS = (".json", ".jsonl")
+TSV_EXTENSIONS = (".tsv",)
+
+
+def _check_file(flag: str, path: str) -> None:
+    if not os.path.exists(path):
+        raise DataError(f"{flag} {path!r} does not exist.")
+    if not os.path.isfile(path):
+        raise DataError(f"{flag} {path!r} is not a file.")
+    if not path.endswith(JSON_EXTENSIONS + TSV_EXTENSIONS):
+        raise DataError(
+            f"{flag} {path!r} has an unknown extension; use .json/.jsonl (JSON lines with a `translation` dict) "
+            "or .tsv (a header row of language codes, then one sentence pair per line)."
+        )
+    with open(path, encoding="utf-8") as f:
+        if not any(line.strip() for line in f):
+            raise DataError(f"{flag} {path!r} is empty.")
+
+
+def _load_json(flag: str, path: str, cache_dir: str | None) -> Dataset:
+    try:
+        return datasets.load_dataset("json", data_files=path, split="train", cache_dir=cache_dir)
+    except Exception as error:  # pyarrow/json errors come in many types; the user needs the file and the reason
+        reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        raise DataError(f"{flag} {path!r} could not be read as JSON lines: {reason}") from error
+
+
+def _load_tsv(flag: str, path: str, cache_dir: str | None) -> Dataset:
+    with open(path, encoding="utf-8") as f:
+        header = next(line for line in f if line.strip()).rstrip("\r\n").split("\t")
+    if len(header) < 2 or len(set(header)) != len(header) or not all(header):
+        raise DataError(
+            f"{flag} {path!r}: the first line must name the language of each tab-separated column (e.g. 'de<TAB>en'),"
+            f" got {header!r}."
+        )
+    try:
+        return datasets.load_dataset(
+            "csv",
+            data_files=path,
+            split="train",
+            cache_dir=cache_dir,
+            delimiter="\t",
+            quoting=3,  # csv.QUOTE_NONE: quotes are part of the sentences
+            keep_default_na=False,
+            na_filter=False,
+            features=datasets.Features({name: datasets.Value("string") for name in header}),
+        )
+    except Exception as error:
+        reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        raise DataError(f"{flag} {path!r} could not be read as tab-separated values: {reason}") from error
+
+
+def languages_of(dataset: Dataset) -> list[str]:
+    """The languages a split offers: the keys of its `translation` column, else its column names."""
+    if "translation" in dataset.column_names:
+        feature = dataset.features["translation"]
+        if isinstance(feature, datasets.Translation):
+            return list(feature.languages)
+        if isinstance(feature, dict):
+            return list(feature)
+        raise DataError(f"the `translation` column has type {feature}; expected a dict of language -> sentence.")
+    return list(dataset.column_names)
+
+
+def check_language_pair(dataset: Dataset, origin: str, source_lang: str, target_lang: str) -> None:
+    """Raise a `DataError` naming `origin` unless `dataset` has both languages."""
+    available = languages_of(dataset)
+    for flag, lang in (("--source_lang", source_lang), ("--target_lang", target_lang)):
+        if lang not in available:
+            raise DataError(f"{origin} has no {lang!r} sentences ({flag} {lang}); it offers {sorted(available)}.")
+    if len(dataset) == 0:
+        raise DataError(f"{origin} has no examples.")
+
+
+def load_raw_datasets(
+    *,
+    source_lang: str | None,
+    target_lang: str | None,
+    dataset_name: str | None = None,
+    dataset_config_name: str | None = None,
+    train_file: str | None = None,
+    validation_file: str | None = None,
+    test_file: str | None = None,
+    cache_dir: str | None = None,
+) -> tuple[DatasetDict, str, str]:
+    """Load the splits that exist and check them; returns (splits, source_lang, target_lang).
+
+    With no dataset and no files, returns the built-in demo corpus (German -> English).
+    """
+    files = {"train": train_file, "validation": validation_file, "test": test_file}
+    given_files = {split: path for split, path in files.items() if path is not None}
+    if dataset_name is not None and given_files:
+        raise DataError("pass either --dataset_name or --train_file/--validation_file/--test_file, not both.")
+
+    if dataset_name is None and not given_files:
+        source_lang = source_lang or DEMO_SOURCE_LANG
+        target_lang = target_lang or DEMO_TARGET_LANG
+        raw = demo_corpus()
+        for split in raw:
+            check_language_pair(raw[split], f"the demo corpus ({split})", source_lang, target_lang)
+        return raw, source_lang, target_lang
+
+    # check every file before reading any, so that a typo in the last one is reported at once
+    for split, path in given_files.items():
+        _check_file(f"--{split}_file", path)
+    if not source_lang or not target_lang:
+        raise DataError("--source_lang and --target_lang are required with your own data (e.g. --source_lang de).")
+    if source_lang == target_lang:
+        raise DataError(f"--source_lang and --target_lang are both {source_lang!r}; they must differ.")
+
+    raw = DatasetDict()
+    if dataset_name is not None:
+        raw = _load_named_dataset(dataset_name, dataset_config_name, cache_dir)
+        origin = f"--dataset_name {dataset_name!r}" + (f" ({dataset_config_name})" if dataset_config_name else "")
+        raw = DatasetDict({split: raw[split] for split in SPLITS if split in raw})
+        if not raw:
+            raise DataError(f"{origin} has none of the splits {list(SPLITS)}.")
+        for split in raw:
+            check_language_pair(raw[split], f"{origin} split {split!r}", source_lang, target_lang)
+        return raw, source_lang, target_lang
+
+    for split, path in given_files.items():
+        flag = f"--{split}_file"
+        loader = _load_json if path.endswith(JSON_EXTENSIONS) else _load_tsv
+        raw[split] = loader(flag, path, cache_dir)
+        check_language_pair(raw[split], f"{flag} {path!r}", source_lang, target_lang)
+    return raw, source_lang, target_lang
+
+
+def _load_named_dataset(name: str, config_name: str | None, cache_dir: str | None) -> DatasetDict:
+    if os.path.isdir(name) and os.path.exists(os.path.join(name, "dataset_dict.json")):
+        return datasets.load_from_disk(name)  # written by DatasetDict.save_to_disk
+    try:
+        loaded = datasets.load_dataset(name, config_name, cache_dir=cache_dir)
+    except Exception as error:  # not found, offline, bad config...: all end the run the same way
+        reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        raise DataError(f"--dataset_name {name!r} could not be loaded: {reason}") from error
+    return loaded if isinstance(loaded, DatasetDict) else DatasetDict({"train": loaded})
+
+
+def select_samples(raw: DatasetDict, max_samples: dict[str, int | None]) -> DatasetDict:
+    """Keep the first `max_samples[split]` examples of each split (for quick runs)."""
+    for split, limit in max_samples.items():
+        if limit is not None and split in raw:
+            if limit <= 0:
+                raise DataError(f"--max_{split}_samples={limit} must be a positive integer.")
+            raw[split] = raw[split].select(range(min(limit, len(raw[split]))))
+    return raw
+
+
+def sentence_pairs(batch: dict, source_lang: str, target_lang: str) -> tuple[list[str], list[str]]:
+    """(sources, targets) of a batch of rows in either layout (`translation` dicts or one column per language)."""
+    if "translation" in batch:
+        rows = batch["translation"]
+        return [row[source_lang] for row in rows], [row[target_lang] for row in rows]
+    return list(batch[source_lang]), list(batch[target_lang])
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Tokenisation
+# --------------------------------------------------------------------------------------------------------------------
+
+
+def tokenize_splits(
+    raw: DatasetDict,
+    tokenizer,
+    source_lang: str,
+    target_lang: str,
+    max_source_length: int,
+    max_target_length: int,
+    num_proc: int | None = None,
+    load_from_cache_file: bool = True,
+    print_fn: Callable[[str], None] | None = print,
+) -> DatasetDict:
+    """Tokenise every split with `tokenizer(sources, text_target=targets)` (both end with eos), then drop the pairs
+    whose source or target is longer than the limits, printing how many: labels are never truncated."""
+    if max_source_length <= 0 or max_target_length <= 0:
+        raise DataError(
+            f"--max_source_length={max_source_length} and --max_target_length={max_target_length} must be positive."
+        )
+
+    def tokenize(batch: dict) -> dict:
+        sources, targets = sentence_pairs(batch, source_lang, target_lang)
+        for side, sentences in (("source", sources), ("target", targets)):
+            if any(s is None for s in sentences):
+                raise DataError(f"a {side} sentence is missing (null) in a row of the data.")
+        return tokenizer(sources, text_target=targets)
+
+    def short_enough(batch: dict) -> list[bool]:
+        return [
+            len(source) <= max_source_length and len(target) <= max_target_length
+            for source, target in zip(batch["input_ids"], batch["labels"])
+        ]
+
+    tokenized = DatasetDict()
+    for split, dataset in raw.items():
+        encoded = dataset.map(
+            tokenize,
+            batched=True,
+            num_proc=num_proc,
+            remove_columns=dataset.column_names,
+            load_from_cache_file=load_from_cache_file,
+            desc=f"Tokenizing {split}",
+        )
+        kept = encoded.filter(short_enough, batched=True, num_proc=num_proc, load_from_cache_file=load_from_cache_file)
+        dropped = len(encoded) - len(kept)
+        if print_fn is not None:
+            print_fn(
+                f"{split}: kept {len(kept)} of {len(encoded)} pairs; dropped {dropped} longer than "
+                f"max_source_length={max_source_length} or max_target_length={max_target_length} tokens"
+            )
+        if len(kept) == 0:
+            raise DataError(
+                f"{split}: every pair is longer than max_source_length={max_source_length} or "
+                f"max_target_length={max_target_length} tokens; raise the limits."
+            )
+        tokenized[split] = kept
+    return tokenized

@@ -1,0 +1,432 @@
+"""What scripts/train.py, translate.py and average_checkpoints.py share: model presets, the paper's training recipe as
+`Seq2SeqTrainingArguments` defaults, building the model and the trainer, metrics, checkpoint averaging, translation.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import os
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+from transformers import (
+    AutoModelForSeq2SeqLM,
+    AutoTokenizer,
+    DataCollatorForSeq2Seq,
+    GenerationConfig,
+    PreTrainedModel,
+    Seq2SeqTrainer,
+    Seq2SeqTrainingArguments,
+    TrainerCallback,
+)
+from transformers.trainer_utils import SchedulerType
+
+from .configuration_vanilla_transformer import VanillaTransformerConfig
+from .modeling_vanilla_transformer import VanillaTransformerForConditionalGeneration
+
+# --------------------------------------------------------------------------------------------------------------------
+# Presets
+# --------------------------------------------------------------------------------------------------------------------
+
+# Each preset: the model (VanillaTransformerConfig fields), the tokenizer's vocabulary size when train.py trains one,
+# the default longest source/target in tokens, and training defaults that replace TranslationTrainingArguments'
+# defaults unless given on the command line.
+# Learning rates follow the paper's schedule lrate = d_model^-0.5 * min(step^-0.5, step * warmup^-1.5) (§5.3), whose
+# peak, reached at the end of warmup, is d_model^-0.5 * warmup^-0.5: 7e-4 for base and 4.9e-4 for big (warmup 4000).
+PRESETS: dict[str, dict] = {
+    "small": {
+        "description": "a small model for the built-in demo corpus; learns it in about two minutes on 2 CPU cores",
+        "config": {
+            "d_model": 128,
+            "encoder_layers": 2,
+            "decoder_layers": 2,
+            "encoder_attention_heads": 4,
+            "decoder_attention_heads": 4,
+            "encoder_ffn_dim": 512,
+            "decoder_ffn_dim": 512,
+            "dropout": 0.1,
+            "max_position_embeddings": 256,
+        },
+        # 400 entries leave ~140 merges after the 256 bytes: German numbers split into pieces like "drei", "tausend",
+        # "ein", "undsiebzig", so that the model has to reorder units and tens itself
+        "vocab_size": 400,
+        "max_length": 64,
+        "training": {
+            # measured over 8 seeds on 2 CPU cores: see notes/training.md
+            "learning_rate": 1e-3,
+            "warmup_steps": 200,
+            "num_train_epochs": 15,
+            "per_device_train_batch_size": 64,
+            "per_device_eval_batch_size": 128,
+            "logging_steps": 50,
+            "save_strategy": "epoch",
+            "save_total_limit": 5,
+        },
+    },
+    "base": {
+        "description": "the paper's base model (Table 3): d_model 512, 6+6 layers, 8 heads, d_ff 2048, dropout 0.1",
+        "config": {},  # VanillaTransformerConfig's defaults are the base model
+        "vocab_size": 37000,  # §5.1: a shared source-target vocabulary of about 37000 tokens (WMT En-De)
+        "max_length": 256,
+        "training": {"learning_rate": 7e-4, "warmup_steps": 4000, "per_device_train_batch_size": 64},
+    },
+    "big": {
+        "description": "the paper's big model (Table 3): d_model 1024, 6+6 layers, 16 heads, d_ff 4096, dropout 0.3",
+        "config": {
+            "d_model": 1024,
+            "encoder_attention_heads": 16,
+            "decoder_attention_heads": 16,
+            "encoder_ffn_dim": 4096,
+            "decoder_ffn_dim": 4096,
+            "dropout": 0.3,
+        },
+        "vocab_size": 37000,
+        "max_length": 256,
+        "training": {"learning_rate": 4.9e-4, "warmup_steps": 4000, "per_device_train_batch_size": 32},
+    },
+}
+
+
+def parse_config_overrides(overrides: str | None) -> dict:
+    """`"d_model=64,dropout=0.2,position_embedding_type=learned"` -> a dict; values are parsed as JSON when they can
+    be (numbers, true/false, null), else kept as strings."""
+    result = {}
+    for item in (overrides or "").split(","):
+        if not item.strip():
+            continue
+        if "=" not in item:
+            raise ValueError(f"--config_overrides: {item!r} is not of the form key=value.")
+        key, value = (part.strip() for part in item.split("=", 1))
+        if key not in inspect.signature(VanillaTransformerConfig.__init__).parameters:
+            raise ValueError(f"--config_overrides: {key!r} is not a VanillaTransformerConfig field.")
+        try:
+            result[key] = json.loads(value)
+        except json.JSONDecodeError:
+            result[key] = value
+    return result
+
+
+def build_config(
+    preset: str | None = None,
+    config_name: str | None = None,
+    overrides: dict | None = None,
+    vocab_size: int | None = None,
+) -> VanillaTransformerConfig:
+    """A fresh model's config: from a JSON file/folder (`config_name`) or a preset, then `overrides`; `vocab_size`
+    (the tokenizer's) replaces the config's unless the config already holds that many entries."""
+    if config_name is not None:
+        if not os.path.exists(config_name):
+            raise ValueError(f"--config_name {config_name!r} does not exist.")
+        if os.path.isdir(config_name):
+            config = VanillaTransformerConfig.from_pretrained(config_name)
+        else:
+            config = VanillaTransformerConfig.from_json_file(config_name)
+        fields = config.to_dict()
+    else:
+        if preset not in PRESETS:
+            raise ValueError(f"--preset {preset!r} is unknown; allowed: {', '.join(PRESETS)}.")
+        fields = dict(PRESETS[preset]["config"])
+    if config_name is None and vocab_size is not None:
+        # a preset's vocabulary is the tokenizer's; a config file's is what the user wrote (checked against it later)
+        fields["vocab_size"] = fields["decoder_vocab_size"] = vocab_size
+    fields.update(overrides or {})
+    fields.pop("model_type", None)
+    fields.pop("transformers_version", None)
+    return VanillaTransformerConfig(**fields)
+
+
+def default_generation_config(config, num_beams: int = 4, max_length: int = 257) -> GenerationConfig:
+    """Beam search as in the paper (§6.1: beam size 4); `max_length` counts the decoder start token."""
+    return GenerationConfig(
+        num_beams=num_beams,
+        max_length=max_length,
+        early_stopping=True,
+        decoder_start_token_id=config.decoder_start_token_id,
+        bos_token_id=config.bos_token_id,
+        eos_token_id=config.eos_token_id,
+        pad_token_id=config.pad_token_id,
+    )
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Training arguments: the paper's recipe as defaults
+# --------------------------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class TranslationTrainingArguments(Seq2SeqTrainingArguments):
+    """`Seq2SeqTrainingArguments` (every flag) with the paper's recipe (§5.3, §5.4, §6.1) as defaults: Adam with
+    β1 = 0.9, β2 = 0.98, ε = 1e-9 (AdamW with weight decay 0 is Adam), linear warmup then inverse square root decay,
+    label smoothing 0.1, evaluation by beam search with beam 4. (Dropout 0.1 is a model setting: see --preset.)"""
+
+    learning_rate: float = field(
+        default=7e-4,
+        metadata={"help": "Peak learning rate, reached after warmup: d_model^-0.5 * warmup_steps^-0.5 in the paper."},
+    )
+    lr_scheduler_type: SchedulerType | str = field(
+        default="inverse_sqrt",
+        metadata={"help": "Learning rate schedule; the paper's is linear warmup then inverse square root decay."},
+    )
+    warmup_steps: float = field(default=4000, metadata={"help": "Linear warmup steps (the paper: 4000)."})
+    adam_beta1: float = field(default=0.9, metadata={"help": "Adam β1 (the paper: 0.9)."})
+    adam_beta2: float = field(default=0.98, metadata={"help": "Adam β2 (the paper: 0.98)."})
+    adam_epsilon: float = field(default=1e-9, metadata={"help": "Adam ε (the paper: 1e-9)."})
+    weight_decay: float = field(default=0.0, metadata={"help": "Weight decay; 0 makes AdamW the paper's Adam."})
+    label_smoothing_factor: float = field(default=0.1, metadata={"help": "Label smoothing ε_ls (the paper: 0.1)."})
+    predict_with_generate: bool = field(
+        default=True, metadata={"help": "Evaluate and predict by generating translations (needed for BLEU/chrF)."}
+    )
+    generation_num_beams: int | None = field(
+        default=4, metadata={"help": "Beam size for evaluation and prediction (the paper: 4)."}
+    )
+    generation_max_length: int | None = field(
+        default=None,
+        metadata={"help": "Longest generated output in tokens, start token included; defaults to max_target_length+1."},
+    )
+    resume_from_checkpoint: str | None = field(
+        default=None,
+        metadata={"help": "Resume training from this checkpoint folder, or from the newest one in output_dir: 'last'."},
+    )
+
+
+def training_defaults(preset: str) -> dict:
+    """The training-argument defaults a preset brings (applied unless the flag is given)."""
+    if preset not in PRESETS:
+        raise ValueError(f"--preset {preset!r} is unknown; allowed: {', '.join(PRESETS)}.")
+    return dict(PRESETS[preset]["training"])
+
+
+def use_cpu_if_no_accelerator() -> bool:
+    """`accelerate launch --multi_gpu` on a machine without GPUs starts N processes, but unless they are told to use
+    the CPU each of them trains alone (Accelerate finds no GPU backend). Tell them, so that they join a gloo group.
+    Returns True when it did."""
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    if world_size > 1 and not torch.accelerator.is_available():
+        os.environ["ACCELERATE_USE_CPU"] = "true"
+        return True
+    return False
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Trainer and metrics
+# --------------------------------------------------------------------------------------------------------------------
+
+
+def make_compute_metrics(tokenizer) -> Callable:
+    """compute_metrics for Seq2SeqTrainer with predict_with_generate: sacreBLEU, chrF (the package's own `evaluate`
+    modules, offline), exact match (%, after stripping spaces) and the mean generated length in tokens."""
+    from .metrics import load_metric
+
+    bleu, chrf = load_metric("sacrebleu"), load_metric("chrf")
+    pad = tokenizer.pad_token_id
+
+    def compute_metrics(eval_prediction) -> dict[str, float]:
+        predictions, labels = eval_prediction.predictions, eval_prediction.label_ids
+        if isinstance(predictions, tuple):
+            predictions = predictions[0]
+        # -100 marks padding that the Trainer added between batches; it is not a token
+        predictions = np.where(predictions != -100, predictions, pad)
+        labels = np.where(labels != -100, labels, pad)
+        hypotheses = [s.strip() for s in tokenizer.batch_decode(predictions, skip_special_tokens=True)]
+        references = [s.strip() for s in tokenizer.batch_decode(labels, skip_special_tokens=True)]
+        return {
+            "bleu": round(bleu.compute(predictions=hypotheses, references=references)["score"], 4),
+            "chrf": round(chrf.compute(predictions=hypotheses, references=references)["score"], 4),
+            "exact_match": round(100.0 * float(np.mean([h == r for h, r in zip(hypotheses, references)])), 4),
+            "gen_len": round(float(np.mean(np.count_nonzero(predictions != pad, axis=1))), 4),
+        }
+
+    return compute_metrics
+
+
+def build_trainer(
+    model: PreTrainedModel,
+    args: Seq2SeqTrainingArguments,
+    tokenizer,
+    train_dataset=None,
+    eval_dataset=None,
+    compute_metrics: Callable | None = None,
+    callbacks: Sequence[TrainerCallback] | None = None,
+) -> Seq2SeqTrainer:
+    """The one place the trainer is built. The collator pads each batch to its longest pair and builds
+    decoder_input_ids from the labels (the model's shift right), which label smoothing needs."""
+    collator = DataCollatorForSeq2Seq(
+        tokenizer,
+        model=model,
+        label_pad_token_id=-100,  # padded label positions are left out of the loss
+        pad_to_multiple_of=8 if args.fp16 or args.bf16 else None,
+    )
+    return Seq2SeqTrainer(
+        model=model,
+        args=args,
+        data_collator=collator,
+        train_dataset=train_dataset,
+        eval_dataset=eval_dataset,
+        processing_class=tokenizer,
+        compute_metrics=compute_metrics if args.predict_with_generate else None,
+        callbacks=list(callbacks or []),
+    )
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Checkpoint averaging
+# --------------------------------------------------------------------------------------------------------------------
+
+_CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")
+
+
+def list_checkpoints(folder: str) -> list[str]:
+    """The Trainer's `checkpoint-<step>` folders in `folder`, oldest (lowest step) first."""
+    if not os.path.isdir(folder):
+        raise ValueError(f"{folder!r} is not a folder.")
+    steps = [(int(m.group(1)), name) for name in os.listdir(folder) if (m := _CHECKPOINT.match(name))]
+    return [os.path.join(folder, name) for _, name in sorted(steps) if os.path.isdir(os.path.join(folder, name))]
+
+
+def load_weights(checkpoint: str) -> dict[str, torch.Tensor]:
+    """The tensors of a saved model (one safetensors file or a sharded set), as stored: tied copies appear once."""
+    from safetensors.torch import load_file
+
+    single = os.path.join(checkpoint, "model.safetensors")
+    index = os.path.join(checkpoint, "model.safetensors.index.json")
+    if os.path.isfile(single):
+        return load_file(single)
+    if os.path.isfile(index):
+        with open(index) as f:
+            shards = sorted(set(json.load(f)["weight_map"].values()))
+        weights = {}
+        for shard in shards:
+            weights.update(load_file(os.path.join(checkpoint, shard)))
+        return weights
+    raise ValueError(f"{checkpoint!r} holds no model.safetensors (or sharded index); is it a saved model?")
+
+
+def average_weights(checkpoints: Sequence[str]) -> dict[str, torch.Tensor]:
+    """The element-wise mean of the checkpoints' floating-point tensors, summed in float64 and rounded once to each
+    tensor's dtype; other tensors (integer buffers) must be equal in all checkpoints and are kept."""
+    if not checkpoints:
+        raise ValueError("no checkpoints to average.")
+    total: dict[str, torch.Tensor] = {}
+    for i, checkpoint in enumerate(checkpoints):
+        weights = load_weights(checkpoint)
+        if i == 0:
+            dtypes = {name: tensor.dtype for name, tensor in weights.items()}
+            total = {
+                name: tensor.to(torch.float64) if tensor.is_floating_point() else tensor
+                for name, tensor in weights.items()
+            }
+            continue
+        if weights.keys() != total.keys():
+            raise ValueError(f"{checkpoint!r} has different tensors from {checkpoints[0]!r}; is it the same model?")
+        for name, tensor in weights.items():
+            if tensor.shape != total[name].shape:
+                raise ValueError(
+                    f"{checkpoint!r}: {name} has shape {tuple(tensor.shape)}, expected {tuple(total[name].shape)}."
+                )
+            if tensor.is_floating_point():
+                total[name] += tensor.to(torch.float64)
+            elif not torch.equal(tensor, total[name]):
+                raise ValueError(f"{checkpoint!r}: the non-float tensor {name} differs between checkpoints.")
+    return {
+        name: (tensor / len(checkpoints)).to(dtypes[name]) if dtypes[name].is_floating_point else tensor
+        for name, tensor in total.items()
+    }
+
+
+def save_averaged_model(checkpoints: Sequence[str], output_dir: str) -> PreTrainedModel:
+    """Average `checkpoints` into a model saved in `output_dir` with the last checkpoint's config, generation config
+    and tokenizer, loadable with `AutoModelForSeq2SeqLM.from_pretrained(output_dir)`."""
+    averaged = average_weights(checkpoints)
+    model = AutoModelForSeq2SeqLM.from_pretrained(checkpoints[-1])
+    missing, unexpected = model.load_state_dict(averaged, strict=False)
+    if unexpected:
+        raise ValueError(f"the checkpoints hold tensors the model does not have: {unexpected[:5]}")
+    # tied weights (lm_head = the shared embedding) are stored once, so their other names are the only ones missing
+    untied = set(missing) - set(getattr(model, "_tied_weights_keys", None) or {})
+    if untied:
+        raise ValueError(f"the checkpoints lack tensors of the model: {sorted(untied)[:5]}")
+    os.makedirs(output_dir, exist_ok=True)
+    model.save_pretrained(output_dir)
+    try:
+        AutoTokenizer.from_pretrained(checkpoints[-1]).save_pretrained(output_dir)
+    except (OSError, ValueError):
+        pass  # a checkpoint saved without its tokenizer: the model is still usable with the original one
+    return model
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Translation
+# --------------------------------------------------------------------------------------------------------------------
+
+
+def load_translator(model_dir: str, device: str | None = None):
+    """(model, tokenizer) from a saved model folder, in eval mode, on `device` (default: GPU if there is one)."""
+    if not os.path.isdir(model_dir):
+        raise ValueError(f"--model_dir {model_dir!r} is not a folder.")
+    if not os.path.isfile(os.path.join(model_dir, "config.json")):
+        raise ValueError(f"--model_dir {model_dir!r} holds no config.json; is it a saved model?")
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    model = AutoModelForSeq2SeqLM.from_pretrained(model_dir)
+    if device is None:
+        device = torch.accelerator.current_accelerator().type if torch.accelerator.is_available() else "cpu"
+    return model.to(device).eval(), tokenizer
+
+
+@torch.inference_mode()
+def translate(
+    model: PreTrainedModel,
+    tokenizer,
+    sentences: Sequence[str],
+    *,
+    batch_size: int = 32,
+    num_beams: int | None = None,
+    max_new_tokens: int | None = None,
+    extra_tokens: int = 50,
+    progress: bool | None = None,
+) -> list[str]:
+    """Translate `sentences` with beam search, in batches of similar length (less padding), returning the
+    translations in input order. Without `max_new_tokens`, each batch may produce its longest input + `extra_tokens`
+    tokens (§6.1: "maximum output length to input length + 50"). `progress`: a tqdm bar (default: when there is more
+    than one batch). Empty lines translate to empty lines."""
+    from tqdm.auto import tqdm
+
+    if batch_size <= 0:
+        raise ValueError(f"batch_size={batch_size} must be positive.")
+    encoded = [tokenizer(s)["input_ids"] if s.strip() else None for s in sentences]
+    todo = sorted((i for i, ids in enumerate(encoded) if ids is not None), key=lambda i: len(encoded[i]))
+    batches = [todo[start : start + batch_size] for start in range(0, len(todo), batch_size)]
+    translations = [""] * len(sentences)
+    device = next(model.parameters()).device
+    bar = tqdm(total=len(todo), unit="sent", disable=not (len(batches) > 1 if progress is None else progress))
+    for batch in batches:
+        inputs = tokenizer.pad({"input_ids": [encoded[i] for i in batch]}, return_tensors="pt").to(device)
+        limit = max_new_tokens if max_new_tokens is not None else inputs["input_ids"].shape[1] + extra_tokens
+        kwargs = {"max_new_tokens": limit, "max_length": None}  # the generation config's max_length yields to it
+        if num_beams is not None:
+            kwargs["num_beams"] = num_beams
+        outputs = model.generate(**inputs, **kwargs)
+        for i, text in zip(batch, tokenizer.batch_decode(outputs, skip_special_tokens=True)):
+            translations[i] = text.strip()
+        bar.update(len(batch))
+    bar.close()
+    return translations
+
+
+__all__ = [
+    "PRESETS",
+    "TranslationTrainingArguments",
+    "VanillaTransformerForConditionalGeneration",
+    "average_weights",
+    "build_config",
+    "build_trainer",
+    "default_generation_config",
+    "list_checkpoints",
+    "load_translator",
+    "make_compute_metrics",
+    "save_averaged_model",
+    "translate",
+]
