@@ -33,9 +33,9 @@ from dataclasses import dataclass, field
 import transformers
 from datasets import DatasetDict
 from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, HfArgumentParser, set_seed
-from transformers.trainer_utils import get_last_checkpoint
 
 from vanilla_transformer import VanillaTransformerForConditionalGeneration
+from vanilla_transformer.checkpointing import check_checkpoint, last_complete_checkpoint
 from vanilla_transformer.data import DataError, load_raw_datasets, select_samples, tokenize_splits
 from vanilla_transformer.tokenizer import check_tokenizer_matches_config, iterate_texts, train_tokenizer
 from vanilla_transformer.training import (
@@ -172,7 +172,8 @@ def resolve_checkpoint(training_args: TranslationTrainingArguments) -> str | Non
     if value is None or str(value).lower() in ("false", "none", ""):
         return None
     if str(value).lower() in ("last", "true"):
-        last = get_last_checkpoint(training_args.output_dir) if os.path.isdir(training_args.output_dir) else None
+        # the newest checkpoint written completely: a run killed while saving leaves a partial folder behind
+        last = last_complete_checkpoint(training_args.output_dir)
         if last is None:
             raise DataError(
                 f"--resume_from_checkpoint {value}: no checkpoint-* folder in {training_args.output_dir!r}."
@@ -180,6 +181,7 @@ def resolve_checkpoint(training_args: TranslationTrainingArguments) -> str | Non
         return last
     if not os.path.isdir(value):
         raise DataError(f"--resume_from_checkpoint {value!r} is not a folder.")
+    check_checkpoint(value)
     return value
 
 
@@ -320,11 +322,15 @@ def main(argv: list[str] | None = None, callbacks=None) -> dict:
     if is_main:
         parameters = sum(p.numel() for p in model.parameters())
         per_device, accumulation = training_args.per_device_train_batch_size, training_args.gradient_accumulation_steps
+        scale = f"x {training_args.world_size} processes x {accumulation} accumulation steps"
+        if training_args.max_tokens_per_batch:
+            batch = f"<= {training_args.max_tokens_per_batch} padded tokens per side per device {scale}"
+        else:
+            total = per_device * training_args.world_size * accumulation
+            batch = f"{per_device} pairs per device {scale} = {total} pairs"
         print(
             f"model: {parameters / 1e6:.2f}M parameters ({model_args.model_name_or_path or model_args.preset}); "
-            f"{source_lang}->{target_lang}; tokenizer: {tokenizer_source}; global batch {per_device} per device x "
-            f"{training_args.world_size} processes x {accumulation} accumulation steps = "
-            f"{per_device * training_args.world_size * accumulation} pairs"
+            f"{source_lang}->{target_lang}; tokenizer: {tokenizer_source}; global batch {batch}"
         )
 
     trainer = build_trainer(

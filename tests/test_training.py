@@ -240,6 +240,19 @@ def test_train_translate_average_end_to_end(tmp_path):
     assert AutoTokenizer.from_pretrained(str(averaged_dir)).get_vocab() == tokenizer.get_vocab()
 
 
+def test_train_with_token_based_batches(tmp_path):
+    """--max_tokens_per_batch swaps sentence batches for token-bounded ones (tests/test_batching.py covers the
+    sampler); 64 short pairs in batches of at most 48 padded tokens per side need more than 64/16 = 4 steps."""
+    out = tmp_path / "run"
+    args = ["--output_dir", str(out), "--max_train_samples", "64", "--do_train", "--num_train_epochs", "1"]
+    args += ["--max_tokens_per_batch", "48", "--per_device_train_batch_size", "16", "--vocab_size", "300"]
+    result = run_script("train", [*args, "--save_strategy", "no", *TINY_MODEL], tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "global batch <= 48 padded tokens per side per device" in result.stdout
+    state = json.loads((out / "trainer_state.json").read_text())
+    assert state["global_step"] > 4
+
+
 def test_average_picks_the_last_checkpoints_by_step_and_is_exact(tmp_path):
     model = VanillaTransformerForConditionalGeneration(tiny_config())
     # checkpoint-N holds every weight = value; sorted as text, checkpoint-100 would come before checkpoint-20
@@ -388,7 +401,7 @@ def test_accelerate_launch_two_processes_on_cpu(tmp_path):
     weights = [torch.load(watch / f"rank{r}.pt") for r in (0, 1)]
     for name in weights[0]:
         assert torch.equal(weights[0][name], weights[1][name]), name
-    assert "global batch 4 per device x 2 processes x 1 accumulation steps = 8 pairs" in result.stdout
+    assert "global batch 4 pairs per device x 2 processes x 1 accumulation steps = 8 pairs" in result.stdout
 
 
 # --------------------------------------------------------------------------------------------------------------------

@@ -25,6 +25,7 @@ from transformers import (
 )
 from transformers.trainer_utils import SchedulerType
 
+from .batching import TokenBatchingSeq2SeqTrainer
 from .configuration_vanilla_transformer import VanillaTransformerConfig
 from .modeling_vanilla_transformer import VanillaTransformerForConditionalGeneration
 
@@ -191,6 +192,15 @@ class TranslationTrainingArguments(Seq2SeqTrainingArguments):
         default=None,
         metadata={"help": "Resume training from this checkpoint folder, or from the newest one in output_dir: 'last'."},
     )
+    max_tokens_per_batch: int | None = field(
+        default=None,
+        metadata={
+            "help": "Token-based batching (fairseq's --max-tokens): batches of pairs of similar length holding at most "
+            "this many padded tokens on the source side and on the target side each, per process and accumulation "
+            "step, shuffled by batch each epoch; per_device_train_batch_size then no longer applies to training. "
+            "The paper used about 25000."
+        },
+    )
 
 
 def training_defaults(preset: str) -> dict:
@@ -260,7 +270,7 @@ def build_trainer(
         label_pad_token_id=-100,  # padded label positions are left out of the loss
         pad_to_multiple_of=8 if args.fp16 or args.bf16 else None,
     )
-    return Seq2SeqTrainer(
+    return TokenBatchingSeq2SeqTrainer(
         model=model,
         args=args,
         data_collator=collator,
@@ -269,6 +279,7 @@ def build_trainer(
         processing_class=tokenizer,
         compute_metrics=compute_metrics if args.predict_with_generate else None,
         callbacks=list(callbacks or []),
+        max_tokens_per_batch=getattr(args, "max_tokens_per_batch", None),
     )
 
 

@@ -1,0 +1,185 @@
+"""Interrupted training loses nothing (issue 4).
+
+scripts/train.py runs in child processes that SIGKILL themselves at a chosen moment, which is what an out-of-memory
+killer or a pre-empted machine does: no exception handler, no atexit, no flush. A first run is killed in the middle
+of writing a checkpoint's optimizer.pt; a second resumes with `--resume_from_checkpoint last` and is killed at a
+random training step; a third resumes again and finishes. Its final weights must equal, bit for bit, those of a run
+that was never interrupted (CPU, same seed).
+"""
+
+import json
+import os
+import random
+import re
+import runpy
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import safetensors.torch
+import torch
+
+from vanilla_transformer.checkpointing import check_checkpoint, checkpoint_problem, last_complete_checkpoint
+
+ROOT = Path(__file__).resolve().parents[1]
+TRAIN = ROOT / "scripts" / "train.py"
+MAX_STEPS, SAVE_STEPS = 12, 4
+TRAIN_ARGS = [
+    "--do_train",
+    "--max_steps", str(MAX_STEPS),
+    "--save_strategy", "steps",
+    "--save_steps", str(SAVE_STEPS),
+    "--seed", "11",
+    "--config_overrides", "d_model=32,encoder_layers=1,decoder_layers=1,encoder_attention_heads=2,"
+    "decoder_attention_heads=2,encoder_ffn_dim=64,decoder_ffn_dim=64",
+    "--vocab_size", "300",
+    "--max_train_samples", "32",
+    "--max_eval_samples", "1",
+    "--max_predict_samples", "1",
+    "--per_device_train_batch_size", "8",
+    "--warmup_steps", "2",
+    "--logging_steps", "4",
+    "--dataloader_num_workers", "0",
+    "--report_to", "none",
+    "--disable_tqdm", "true",
+    "--use_cpu",
+]  # fmt: skip
+
+# Runs train.py's main() once per JSON argument list given on the command line. KILL_IN_SAVE=<step> makes the
+# process SIGKILL itself halfway through writing checkpoint-<step>/optimizer.pt; KILL_AT_STEP=<step> right after
+# that optimizer step (before any save).
+DRIVER = textwrap.dedent(
+    """
+    import io, json, os, runpy, signal, sys
+    import torch
+    from transformers import TrainerCallback
+
+    kill_in_save, kill_at_step = os.environ.get("KILL_IN_SAVE"), os.environ.get("KILL_AT_STEP")
+    real_save = torch.save
+
+    def save(obj, f, *args, **kwargs):
+        if kill_in_save and str(f).endswith(os.path.join(f"checkpoint-{kill_in_save}", "optimizer.pt")):
+            buffer = io.BytesIO()
+            real_save(obj, buffer, *args, **kwargs)
+            with open(f, "wb") as out:
+                out.write(buffer.getvalue()[: len(buffer.getvalue()) // 2])
+            os.kill(os.getpid(), signal.SIGKILL)
+        return real_save(obj, f, *args, **kwargs)
+
+    torch.save = save
+
+    class KillAtStep(TrainerCallback):
+        def on_step_end(self, args, state, control, **kwargs):
+            if kill_at_step and state.global_step == int(kill_at_step):
+                os.kill(os.getpid(), signal.SIGKILL)
+
+    main = runpy.run_path(sys.argv[1])["main"]
+    for argv in sys.argv[2:]:
+        main(json.loads(argv), callbacks=[KillAtStep()])
+    """
+)
+
+
+def run(tmp_path: Path, *argvs: list[str], **kill: int) -> subprocess.CompletedProcess:
+    driver = tmp_path / "driver.py"
+    driver.write_text(DRIVER)
+    env = dict(os.environ, HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false", **{k: str(v) for k, v in kill.items()})
+    command = [sys.executable, str(driver), str(TRAIN), *(json.dumps(argv) for argv in argvs)]
+    return subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+
+
+def tail(process: subprocess.CompletedProcess) -> str:
+    """The end of a run's log, without progress bars."""
+    lines = [line for line in process.stderr.splitlines() if "/s]" not in line and line.strip()]
+    return "\n".join(lines[-25:])
+
+
+def weights(folder: Path) -> dict[str, torch.Tensor]:
+    return safetensors.torch.load_file(folder / "model.safetensors")
+
+
+def test_killed_training_resumes_to_the_same_weights(tmp_path):
+    out, reference = tmp_path / "interrupted", tmp_path / "reference"
+    args = [*TRAIN_ARGS, "--output_dir", str(out)]
+    resume = [*args, "--resume_from_checkpoint", "last"]
+
+    # 1. killed while writing checkpoint-8: its optimizer.pt is cut in half, trainer_state.json never written
+    first = run(tmp_path, args, KILL_IN_SAVE=2 * SAVE_STEPS)
+    assert first.returncode == -signal.SIGKILL, tail(first)
+    half = out / f"checkpoint-{2 * SAVE_STEPS}"
+    assert half.is_dir() and (half / "model.safetensors").is_file() and not (half / "trainer_state.json").exists()
+    assert checkpoint_problem(str(half)) is not None
+    assert last_complete_checkpoint(str(out)) == str(out / f"checkpoint-{SAVE_STEPS}")
+
+    # 2. resumed from the newest complete checkpoint, then killed at a random training step
+    kill_step = random.choice([s for s in range(SAVE_STEPS + 1, MAX_STEPS) if s % SAVE_STEPS])
+    second = run(tmp_path, resume, KILL_AT_STEP=kill_step)
+    assert second.returncode == -signal.SIGKILL, f"kill at step {kill_step}:\n{tail(second)}"
+    assert "Not resuming from" in second.stderr and str(half) in second.stderr  # the skip is reported
+
+    # 3. resumed again to the end; then the uninterrupted run, in the same process to save a start-up
+    third = run(tmp_path, resume, [*TRAIN_ARGS, "--output_dir", str(reference)])
+    assert third.returncode == 0, f"kill at step {kill_step}:\n{tail(third)}"
+    assert json.loads((out / "trainer_state.json").read_text())["global_step"] == MAX_STEPS
+
+    resumed, uninterrupted = weights(out), weights(reference)
+    assert resumed.keys() == uninterrupted.keys()
+    different = [name for name in resumed if not torch.equal(resumed[name], uninterrupted[name])]
+    assert not different, f"kill at step {kill_step}: weights differ from the uninterrupted run: {different[:5]}"
+    assert not torch.equal(
+        resumed["model.shared.weight"], weights(out / f"checkpoint-{SAVE_STEPS}")["model.shared.weight"]
+    )
+
+
+def _save_checkpoint_like_the_trainer(folder: Path, step: int) -> None:
+    folder.mkdir(parents=True)
+    safetensors.torch.save_file({"w": torch.ones(64, 64)}, folder / "model.safetensors")
+    torch.save({"state": {0: torch.ones(64, 64)}}, folder / "optimizer.pt")
+    torch.save({"python": 1}, folder / "rng_state.pth")
+    (folder / "trainer_state.json").write_text(json.dumps({"global_step": step}, indent=2))
+
+
+def _cut(path: Path, keep: int) -> None:
+    path.write_bytes(path.read_bytes()[:keep])
+
+
+@pytest.mark.parametrize(
+    "damage, reason",
+    [
+        (lambda f: (f / "trainer_state.json").unlink(), "trainer_state.json is missing"),
+        (lambda f: (f / "trainer_state.json").write_text('{\n  "global_step": 2'), "trainer_state.json is cut off"),
+        (lambda f: (f / "trainer_state.json").write_text('{"global_step": 1}'), "global_step=1, not 2"),
+        (lambda f: _cut(f / "model.safetensors", 1000), "model.safetensors is cut off"),
+        (lambda f: (f / "model.safetensors").unlink(), "no model weights"),
+        (lambda f: _cut(f / "optimizer.pt", -30), "optimizer.pt is cut off"),
+        (lambda f: _cut(f / "rng_state.pth", 0), "rng_state.pth is cut off"),
+    ],
+)
+def test_partial_checkpoints_are_skipped_and_refused(tmp_path, damage, reason):
+    _save_checkpoint_like_the_trainer(tmp_path / "checkpoint-1", 1)
+    _save_checkpoint_like_the_trainer(tmp_path / "checkpoint-2", 2)
+    newest = tmp_path / "checkpoint-2"
+    assert last_complete_checkpoint(str(tmp_path)) == str(newest)
+    check_checkpoint(str(newest))
+    damage(newest)
+    assert reason in checkpoint_problem(str(newest))
+    assert last_complete_checkpoint(str(tmp_path)) == str(tmp_path / "checkpoint-1")
+    with pytest.raises(ValueError, match=rf"is not a complete checkpoint: .*{re.escape(reason)}"):
+        check_checkpoint(str(newest))
+
+
+def test_train_py_resolves_resume_to_a_complete_checkpoint(tmp_path):
+    """train.py's --resume_from_checkpoint: 'last' skips a half-written folder, an explicit one is refused."""
+    _save_checkpoint_like_the_trainer(tmp_path / "checkpoint-1", 1)
+    _save_checkpoint_like_the_trainer(tmp_path / "checkpoint-2", 2)
+    (tmp_path / "checkpoint-2" / "trainer_state.json").unlink()
+    resolve = runpy.run_path(str(TRAIN))["resolve_checkpoint"]
+    args = SimpleNamespace(output_dir=str(tmp_path), resume_from_checkpoint="last")
+    assert resolve(args) == str(tmp_path / "checkpoint-1")
+    args.resume_from_checkpoint = str(tmp_path / "checkpoint-2")
+    with pytest.raises(ValueError, match="trainer_state.json is missing"):
+        resolve(args)
