@@ -398,7 +398,7 @@ def test_accelerate_launch_two_processes_on_cpu(tmp_path):
     assert [[len(batch) for batch in r["batches"]] for r in ranks] == [[4] * 4, [4] * 4]
     seen = [tuple(row) for r in ranks for batch in r["batches"] for row in batch]
     assert len(seen) == len(set(seen)) == 32  # every training pair once, on one rank
-    weights = [torch.load(watch / f"rank{r}.pt") for r in (0, 1)]
+    weights = [torch.load(watch / f"rank{r}.pt", weights_only=True) for r in (0, 1)]
     for name in weights[0]:
         assert torch.equal(weights[0][name], weights[1][name]), name
     assert "global batch 4 pairs per device x 2 processes x 1 accumulation steps = 8 pairs" in result.stdout
