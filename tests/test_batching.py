@@ -5,7 +5,6 @@ Run as a script (``torchrun --nproc_per_node 2 tests/test_batching.py OUT``) thi
 two-process test.
 """
 
-import importlib.util
 import json
 import os
 import random
@@ -16,11 +15,10 @@ from dataclasses import dataclass, field
 
 import pytest
 import torch
-from conftest import tiny_config
+from conftest import load_script, tiny_config, word_tokenizer
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from tokenizers import Tokenizer, models, pre_tokenizers, processors
-from transformers import DataCollatorForSeq2Seq, PreTrainedTokenizerFast, Seq2SeqTrainingArguments
+from transformers import DataCollatorForSeq2Seq, Seq2SeqTrainingArguments
 
 from vanilla_transformer import VanillaTransformerForConditionalGeneration
 from vanilla_transformer.batching import (
@@ -33,24 +31,6 @@ from vanilla_transformer.batching import (
 )
 
 WORDS = [f"w{i}" for i in range(24)]
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def load_script(name: str):
-    spec = importlib.util.spec_from_file_location(name, os.path.join(ROOT, "scripts", f"{name}.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-def word_tokenizer() -> PreTrainedTokenizerFast:
-    vocab = {"<pad>": 0, "<s>": 1, "</s>": 2, "<unk>": 3, **{w: i + 4 for i, w in enumerate(WORDS)}}
-    tokenizer = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
-    tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    tokenizer.post_processor = processors.TemplateProcessing(single="$A </s>", special_tokens=[("</s>", 2)])
-    return PreTrainedTokenizerFast(
-        tokenizer_object=tokenizer, pad_token="<pad>", bos_token="<s>", eos_token="</s>", unk_token="<unk>"
-    )
 
 
 def tokenized_pairs(tokenizer, count: int, seed: int = 0) -> list[dict]:
@@ -254,7 +234,7 @@ def test_bad_input_gets_a_clear_error():
 def test_trainer_trains_on_token_batches_with_gradient_accumulation(tmp_path, one_thread):
     import datasets
 
-    tokenizer = word_tokenizer()
+    tokenizer = word_tokenizer(WORDS)
     pairs = tokenized_pairs(tokenizer, 70)
     collator = recording_collator(tokenizer)
     max_tokens = 48
@@ -295,7 +275,7 @@ class ArgumentsWithTokenBudget(Seq2SeqTrainingArguments):
 
 
 def test_the_budget_can_come_from_the_training_arguments(tmp_path):
-    tokenizer = word_tokenizer()
+    tokenizer = word_tokenizer(WORDS)
     pairs = tokenized_pairs(tokenizer, 30)
     args = ArgumentsWithTokenBudget(output_dir=str(tmp_path), use_cpu=True, report_to=[], max_tokens_per_batch=32)
     trainer = TokenBatchingSeq2SeqTrainer(
@@ -350,7 +330,7 @@ def test_two_processes_see_every_pair_once_per_epoch(tmp_path):
 def _distributed_worker(output_dir: str) -> None:
     from accelerate import skip_first_batches
 
-    tokenizer = word_tokenizer()
+    tokenizer = word_tokenizer(WORDS)
     pairs = tokenized_pairs(tokenizer, 63)  # they pack into 19 batches: one must be halved for 2 equal shares
     collator = recording_collator(tokenizer)
     trainer = TokenBatchingSeq2SeqTrainer(

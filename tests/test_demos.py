@@ -1,13 +1,11 @@
 """The model learns: overfitting, Seq2SeqTrainer, and the classic from-scratch demos (issue 2, items 5-7)."""
 
 import torch
-from conftest import tiny_config
+from conftest import tiny_config, word_tokenizer
 from datasets import Dataset
-from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import (
     DataCollatorForSeq2Seq,
     GenerationConfig,
-    PreTrainedTokenizerFast,
     Seq2SeqTrainer,
     Seq2SeqTrainingArguments,
 )
@@ -60,19 +58,6 @@ def test_tiny_model_overfits_64_pairs_to_exact_match():
         target = [t for t in target if t != -100]
         exact += row[: len(target)] == target
     assert exact == 64, f"only {exact}/64 reversed exactly (loss {loss.item():.4f})"
-
-
-def word_tokenizer(words: list[str]) -> PreTrainedTokenizerFast:
-    vocab = {"<pad>": PAD, "<s>": BOS, "</s>": EOS, "<unk>": 3}
-    vocab.update({w: i + 4 for i, w in enumerate(words)})
-    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    from tokenizers.processors import TemplateProcessing
-
-    tok.post_processor = TemplateProcessing(single="$A </s>", special_tokens=[("</s>", EOS)])
-    return PreTrainedTokenizerFast(
-        tokenizer_object=tok, pad_token="<pad>", bos_token="<s>", eos_token="</s>", unk_token="<unk>"
-    )
 
 
 def test_seq2seq_trainer_with_label_smoothing_accumulation_and_generation(tmp_path):

@@ -23,8 +23,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 import yaml
+from conftest import word_tokenizer
 from hub_server import LocalHub
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors
 from transformers import PreTrainedTokenizerFast, Seq2SeqTrainingArguments, pipeline
 
 import vanilla_transformer
@@ -107,18 +107,6 @@ sys.meta_path.insert(0, _NoVanillaTransformer())
 """
 
 
-def build_tokenizer() -> PreTrainedTokenizerFast:
-    """A word-level tokenizer over the lexicon: pad=0, bos=1, eos=2, unk=3; sentences end with eos."""
-    words = ["<pad>", "<s>", "</s>", "<unk>"] + list(LEXICON) + list(LEXICON.values())
-    tokenizer = Tokenizer(models.WordLevel({word: i for i, word in enumerate(words)}, unk_token="<unk>"))
-    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
-    tokenizer.post_processor = processors.TemplateProcessing(single="$A </s>", special_tokens=[("</s>", 2)])
-    tokenizer.decoder = decoders.WordPiece()  # joins words with spaces
-    return PreTrainedTokenizerFast(
-        tokenizer_object=tokenizer, pad_token="<pad>", bos_token="<s>", eos_token="</s>", unk_token="<unk>"
-    )
-
-
 def train_toy_model(tokenizer: PreTrainedTokenizerFast) -> VanillaTransformerForConditionalGeneration:
     """About a second of training, so that translations depend on the input (a random model repeats one word)."""
     torch.manual_seed(0)
@@ -166,7 +154,7 @@ def one_thread():
 def checkpoint(tmp_path_factory) -> SimpleNamespace:
     """A folder saved as train.py saves one (model, tokenizer, model card), and what the package generates from it."""
     model_dir = tmp_path_factory.mktemp("hub") / "toy-en-de"
-    tokenizer = build_tokenizer()
+    tokenizer = word_tokenizer(list(LEXICON) + list(LEXICON.values()))
     with one_thread():
         model = train_toy_model(tokenizer)
     model.save_pretrained(model_dir)

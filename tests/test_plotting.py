@@ -2,7 +2,6 @@
 size, and hold what they claim (attention rows are distributions; the table is the paper's formula)."""
 
 import glob
-import importlib.util
 import json
 import math
 import os
@@ -10,9 +9,8 @@ import sys
 
 import pytest
 import torch
-from conftest import tiny_config
+from conftest import load_script, tiny_config, word_tokenizer
 from PIL import Image
-from tokenizers import Tokenizer, models, pre_tokenizers, processors
 from transformers import DataCollatorForSeq2Seq, PreTrainedTokenizerFast, Seq2SeqTrainer, Seq2SeqTrainingArguments
 
 from vanilla_transformer import VanillaTransformerForConditionalGeneration
@@ -26,25 +24,7 @@ from vanilla_transformer.plotting import (
     translate_with_attention,
 )
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 WORDS = "eins zwei drei vier fünf sechs sieben acht neun zehn one two three four five six seven eight nine ten".split()
-
-
-def load_script(name: str):
-    spec = importlib.util.spec_from_file_location(name, os.path.join(ROOT, "scripts", f"{name}.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-def word_tokenizer() -> PreTrainedTokenizerFast:
-    vocab = {"<pad>": 0, "<s>": 1, "</s>": 2, "<unk>": 3, **{w: i + 4 for i, w in enumerate(WORDS)}}
-    tokenizer = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
-    tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    tokenizer.post_processor = processors.TemplateProcessing(single="$A </s>", special_tokens=[("</s>", 2)])
-    return PreTrainedTokenizerFast(
-        tokenizer_object=tokenizer, pad_token="<pad>", bos_token="<s>", eos_token="</s>", unk_token="<unk>"
-    )
 
 
 def assert_png(path: str, min_side: int = 300) -> tuple[int, int]:
@@ -61,7 +41,7 @@ def assert_png(path: str, min_side: int = 300) -> tuple[int, int]:
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
     torch.manual_seed(0)
-    tokenizer = word_tokenizer()
+    tokenizer = word_tokenizer(WORDS)
     model = VanillaTransformerForConditionalGeneration(tiny_config(vocab_size=len(tokenizer)))
     model.generation_config.max_length = 12
     path = tmp_path_factory.mktemp("model")
