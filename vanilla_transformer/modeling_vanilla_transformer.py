@@ -782,6 +782,16 @@ class VanillaTransformerForConditionalGeneration(VanillaTransformerPreTrainedMod
             self.config.decoder_vocab_size = self.config.vocab_size
         return embeddings
 
+    def _reorder_cache(self, cache: Cache, beam_idx: torch.LongTensor) -> Cache:
+        """Beam search reorders the cache after every step. The encoder-decoder keys and values are the same for all
+        beams of a sentence, and beams never move between sentences, so only the self-attention cache is reordered:
+        copying the cross-attention cache would change nothing."""
+        if isinstance(cache, EncoderDecoderCache):
+            cache.self_attention_cache.reorder_cache(beam_idx)
+        else:
+            cache.reorder_cache(beam_idx)
+        return cache
+
     def prepare_decoder_input_ids_from_labels(self, labels: torch.Tensor) -> torch.Tensor:
         return shift_tokens_right(labels, self.config.pad_token_id, self.config.decoder_start_token_id)
 
