@@ -23,7 +23,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 import yaml
-from conftest import word_tokenizer
+from conftest import tiny_config, word_tokenizer
 from hub_server import LocalHub
 from transformers import PreTrainedTokenizerFast, Seq2SeqTrainingArguments, pipeline
 
@@ -111,18 +111,7 @@ def train_toy_model(tokenizer: PreTrainedTokenizerFast) -> VanillaTransformerFor
     """About a second of training, so that translations depend on the input (a random model repeats one word)."""
     torch.manual_seed(0)
     rng = random.Random(0)
-    config = VanillaTransformerConfig(
-        vocab_size=len(tokenizer),
-        d_model=32,
-        encoder_layers=2,
-        decoder_layers=2,
-        encoder_attention_heads=4,
-        decoder_attention_heads=4,
-        encoder_ffn_dim=64,
-        decoder_ffn_dim=64,
-        max_position_embeddings=64,
-        dropout=0.0,
-    )
+    config = tiny_config(vocab_size=len(tokenizer), max_position_embeddings=64, dropout=0.0)
     model = VanillaTransformerForConditionalGeneration(config)
     optimizer = torch.optim.Adam(model.parameters(), lr=5e-3)
     for _ in range(80):
