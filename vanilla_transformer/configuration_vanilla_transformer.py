@@ -8,7 +8,6 @@ from transformers import PretrainedConfig
 ACTIVATIONS = ("relu", "gelu", "gelu_new", "silu", "swish", "tanh")
 POSITION_EMBEDDING_TYPES = ("sinusoidal", "learned")
 
-# --- Hub-ready checkpoints (issue 3) ----------------------------------------------------------------------------------
 # Every config, hence every saved config.json, names all the Auto classes of the plug-in and the translation pipeline,
 # so that a checkpoint loads as any of them, and translates with `pipeline("translation", trust_remote_code=True)`,
 # where this package is not installed. The class names are those of the two files saved next to the weights.
@@ -33,9 +32,6 @@ def _with_hub_defaults(kwargs: dict) -> dict:
     pipelines = kwargs.get("custom_pipelines") or HUB_CUSTOM_PIPELINES
     custom_pipelines = {task: dict(info) for task, info in pipelines.items()}
     return {**kwargs, "auto_map": auto_map, "custom_pipelines": custom_pipelines}
-
-
-# --- end of Hub-ready checkpoints -------------------------------------------------------------------------------------
 
 
 class VanillaTransformerConfig(PretrainedConfig):
@@ -136,7 +132,7 @@ class VanillaTransformerConfig(PretrainedConfig):
         self.bos_token_id = bos_token_id
         self.eos_token_id = eos_token_id
         self.decoder_start_token_id = decoder_start_token_id
-        kwargs = _with_hub_defaults(kwargs)  # auto_map and custom_pipelines for the Hub (issue 3)
+        kwargs = _with_hub_defaults(kwargs)  # auto_map and custom_pipelines, for the Hub
         super().__init__(is_encoder_decoder=is_encoder_decoder, **kwargs)
         self._validate()
 

@@ -24,6 +24,7 @@ from transformers.modeling_outputs import (
     Seq2SeqSequenceClassifierOutput,
 )
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS, PreTrainedModel
+from transformers.pipelines import Pipeline
 from transformers.utils import can_return_tuple, logging
 from transformers.utils.deprecation import deprecate_kwarg
 
@@ -703,7 +704,6 @@ def _pad(config: VanillaTransformerConfig, vocab_size: int) -> int | None:
     return pad if pad is not None and pad < vocab_size else None
 
 
-# --- Performance (issue 5): a memory-lean training loss ---------------------------------------------------------------
 _LOSS_BLOCKS = 16  # row blocks of the loss: 2048 positions × 32000 logits -> 16 MiB per block
 
 
@@ -739,9 +739,6 @@ class TokenCrossEntropy(torch.autograd.Function):
             torch.sub(block, norm[:, None], out=grad_block).exp_()  # softmax(logits), written in place
         grad.scatter_add_(1, targets[:, None], grad.new_full((grad.shape[0], 1), -1.0))  # - onehot(label)
         return grad.mul_((grad_output * labelled)[:, None].to(grad.dtype)), None
-
-
-# --- end of memory-lean training loss ---------------------------------------------------------------------------------
 
 
 class VanillaTransformerForConditionalGeneration(VanillaTransformerPreTrainedModel, GenerationMixin):
@@ -961,14 +958,10 @@ class VanillaTransformerForSequenceClassification(VanillaTransformerPreTrainedMo
         )
 
 
-# --- Translation pipeline (issue 3: Hub-ready checkpoints) ------------------------------------------------------------
 # transformers 5 removed the "translation" and "text2text-generation" pipelines. Every config declares this class in
 # `custom_pipelines` (see configuration_vanilla_transformer.py), so that
 # `pipeline("translation", model=path_or_repo_id, trust_remote_code=True)` builds it from the copy of this file that
 # is saved with the weights, with or without this package installed.
-from transformers.pipelines import Pipeline  # noqa: E402
-
-
 class VanillaTransformerTranslationPipeline(Pipeline):
     """Translates text with a sequence-to-sequence model, like the ``"translation"`` pipeline of transformers 4.
 
@@ -1051,9 +1044,6 @@ class VanillaTransformerTranslationPipeline(Pipeline):
                 )
             records.append(record)
         return records
-
-
-# --- end of translation pipeline --------------------------------------------------------------------------------------
 
 
 __all__ = [
