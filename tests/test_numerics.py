@@ -91,3 +91,21 @@ def test_loss_over_some_labels_is_still_their_mean():
     expected = torch.nn.functional.cross_entropy(out.logits[1], labels[1])
     torch.testing.assert_close(out.loss, expected)
     assert torch.isfinite(out.loss)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("attn_implementation", ["eager", "sdpa"])
+def test_mixed_precision_training_follows_fp32(attn_implementation, dtype):
+    """Autocast (the Trainer's --bf16 / --fp16 path) with a padded batch: the loss stays fp32 and within the half
+    precision's error of the fp32 loss, and every gradient is finite. CPU autocast stands in for the GPU's here."""
+    model = make_model(attn_implementation, torch.float32)
+    batch = padded_batch()
+    labels = batch["decoder_input_ids"].masked_fill(batch["decoder_attention_mask"] == 0, -100)
+    reference = model(**batch, labels=labels).loss
+    with torch.autocast("cpu", dtype=dtype):
+        out = model(**batch, labels=labels)
+    assert out.logits.dtype == dtype and out.loss.dtype == torch.float32
+    torch.testing.assert_close(out.loss, reference, atol=0.05, rtol=0.02)
+    out.loss.backward()
+    grads = [p.grad for p in model.parameters() if p.grad is not None]
+    assert grads and all(torch.isfinite(g).all() for g in grads)

@@ -80,6 +80,10 @@ def test_a_mismatched_tokenizer_is_refused(saved_tokenizer):
         check_tokenizer_matches_config(tokenizer, tiny_config(vocab_size=len(tokenizer), pad_token_id=5))
     with pytest.raises(ValueError, match="vocabulary holds only 64"):
         check_tokenizer_matches_config(tokenizer, tiny_config(vocab_size=64))
+    # a config may list several eos ids: the tokenizer's eos must be among them
+    check_tokenizer_matches_config(tokenizer, tiny_config(vocab_size=len(tokenizer), eos_token_id=[2, 4]))
+    with pytest.raises(ValueError, match=r"eos_token_id=2 but the model config has eos_token_id=\[3, 4\]"):
+        check_tokenizer_matches_config(tokenizer, tiny_config(vocab_size=len(tokenizer), eos_token_id=[3, 4]))
     with pytest.raises(ValueError, match="too small"):
         train_tokenizer(CORPUS, vocab_size=100)
 

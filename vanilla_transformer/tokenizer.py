@@ -72,7 +72,8 @@ def check_tokenizer_matches_config(tokenizer, config, tokenizer_name: str = "the
     embedding matrix. Raises a one-line ValueError naming the mismatch."""
     for name in ("pad_token_id", "bos_token_id", "eos_token_id"):
         have, want = getattr(tokenizer, name), getattr(config, name)
-        if have != want:
+        # the config may list several eos ids (generation stops at any of them); the tokenizer's must be one of them
+        if have != want and not (isinstance(want, (list, tuple)) and have in want):
             raise ValueError(
                 f"{tokenizer_name} has {name}={have} but the model config has {name}={want}; use a tokenizer from "
                 f"scripts/train_tokenizer.py or set {name.removesuffix('_id')} in the config (--config_overrides)."
