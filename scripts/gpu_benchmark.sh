@@ -19,6 +19,12 @@ cd "$(dirname "$0")/.."
 OUT="${OUT:-outputs/gpu}"
 mkdir -p "$OUT"
 
+# The package needs transformers >= 5.24. A GPU image with an older one gets the wheels found in .whl/ (fetched
+# beforehand with `pip download transformers==5.24.0 tokenizers==0.23.3 --no-deps -d .whl`, tokenizers with
+# --platform/--python-version matching the GPU machine, and carried along with the repository).
+if ls .whl/transformers-*.whl > /dev/null 2>&1; then
+    pip install --no-deps -q .whl/transformers-*.whl .whl/tokenizers-*.whl || echo "could not install the wheels in .whl/"
+fi
 python -c "import vanilla_transformer" 2>/dev/null || pip install -e . --no-deps -q
 {
     nvidia-smi --query-gpu=name,memory.total,clocks.max.sm,power.limit --format=csv || true
