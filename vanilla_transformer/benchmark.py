@@ -602,8 +602,8 @@ def format_table(results: dict) -> str:
         )
         if "vanilla_mfu" in entry:
             lines.append(
-                f"| {entry['size']} | {label}: MFU | % of matmul peak | {100 * entry['vanilla_mfu']:.1f} "
-                f"| {100 * entry['marian_mfu']:.1f} | | | |"
+                f"| {entry['size']} | {label}: MFU | % of {entry['dtype']} matmul peak "
+                f"| {100 * entry['vanilla_mfu']:.1f} | {100 * entry['marian_mfu']:.1f} | | | |"
             )
         if entry["row"] == "memory":
             lines.append(
