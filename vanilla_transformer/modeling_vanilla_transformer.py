@@ -449,13 +449,14 @@ class Decoder(nn.Module):
         _check_output_attentions(self.config, output_attentions)
         if (input_ids is None) == (inputs_embeds is None):
             raise ValueError("Pass exactly one of `decoder_input_ids` or `decoder_inputs_embeds` to the decoder.")
+        past_length = cache.get_seq_length() if cache is not None else 0
         _check_inputs(
             self.config,
             input_ids,
             inputs_embeds,
             attention_mask,
             decoder=True,
-            past_length=cache.get_seq_length() if cache is not None else 0,
+            past_length=past_length,
             encoder_hidden_states=encoder_hidden_states,
             encoder_attention_mask=encoder_attention_mask,
         )
@@ -466,8 +467,7 @@ class Decoder(nn.Module):
         if use_cache and cache is None:
             cache = EncoderDecoderCache(DynamicCache(config=self.config), DynamicCache(config=self.config))
 
-        batch_size, tgt_len = inputs_embeds.shape[:2]
-        past_length = cache.get_seq_length() if cache is not None else 0
+        tgt_len = inputs_embeds.shape[1]
         positions = torch.arange(tgt_len, device=inputs_embeds.device) + past_length
         hidden_states = inputs_embeds * self.embed_scale + self.embed_positions(positions).to(inputs_embeds.dtype)
         hidden_states = F.dropout(hidden_states, p=self.dropout, training=self.training)
