@@ -60,3 +60,21 @@ def load_script(name: str):
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def decode_one_token_at_a_time(model, input_ids, attention_mask, decoder_input_ids) -> tuple[torch.Tensor, object]:
+    """Run the encoder once, then the decoder one target token per call with the KV cache, as generate() does; returns
+    the logits of all steps, concatenated along the target length, and the final cache."""
+    encoder_outputs = model.get_encoder()(input_ids=input_ids, attention_mask=attention_mask)
+    cache, steps = None, []
+    for t in range(decoder_input_ids.shape[1]):
+        out = model(
+            encoder_outputs=encoder_outputs,
+            attention_mask=attention_mask,
+            decoder_input_ids=decoder_input_ids[:, t : t + 1],
+            cache=cache,
+            use_cache=True,
+        )
+        cache = out.cache
+        steps.append(out.logits)
+    return torch.cat(steps, dim=1), cache

@@ -8,7 +8,7 @@ import textwrap
 
 import pytest
 import torch
-from conftest import tiny_config
+from conftest import decode_one_token_at_a_time, tiny_config
 from transformers import AutoModel, AutoModelForSeq2SeqLM, AutoModelForSequenceClassification, GenerationConfig
 from transformers.cache_utils import EncoderDecoderCache
 from transformers.utils import logging as hf_logging
@@ -238,19 +238,8 @@ def test_incremental_decoding_matches_full_forward():
     ids, mask = source_batch()
     decoder_ids = torch.randint(3, 64, (3, 7))
     full = model(input_ids=ids, attention_mask=mask, decoder_input_ids=decoder_ids).logits
-    encoder_outputs = model.get_encoder()(input_ids=ids, attention_mask=mask)
-    cache, steps = None, []
-    for t in range(7):
-        out = model(
-            encoder_outputs=encoder_outputs,
-            attention_mask=mask,
-            decoder_input_ids=decoder_ids[:, t : t + 1],
-            cache=cache,
-            use_cache=True,
-        )
-        cache = out.cache
-        steps.append(out.logits)
-    torch.testing.assert_close(torch.cat(steps, dim=1), full, atol=1e-5, rtol=1e-5)
+    stepwise, _ = decode_one_token_at_a_time(model, ids, mask, decoder_ids)
+    torch.testing.assert_close(stepwise, full, atol=1e-5, rtol=1e-5)
 
 
 def test_past_key_values_is_still_accepted():

@@ -2,7 +2,7 @@
 padding invariance, cache equals no cache, eager equals sdpa. All in fp32, models in eval mode."""
 
 import torch
-from conftest import tiny_config
+from conftest import decode_one_token_at_a_time, tiny_config
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -95,20 +95,9 @@ def test_cache_equals_no_cache(model, source_lengths, target_length, seed):
     target = torch.randint(3, VOCAB, (len(source_lengths), target_length))
     with torch.no_grad():
         full = model(input_ids=source, attention_mask=source_mask, decoder_input_ids=target, use_cache=False).logits
-        encoder_outputs = model.get_encoder()(input_ids=source, attention_mask=source_mask)
-        cache, steps = None, []
-        for i in range(target_length):
-            out = model(
-                encoder_outputs=encoder_outputs,
-                attention_mask=source_mask,
-                decoder_input_ids=target[:, i : i + 1],
-                cache=cache,
-                use_cache=True,
-            )
-            cache = out.cache
-            steps.append(out.logits)
+        stepwise, cache = decode_one_token_at_a_time(model, source, source_mask, target)
     assert cache.get_seq_length() == target_length
-    torch.testing.assert_close(torch.cat(steps, dim=1), full, atol=ATOL, rtol=0)
+    torch.testing.assert_close(stepwise, full, atol=ATOL, rtol=0)
 
 
 @SETTINGS
