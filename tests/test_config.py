@@ -40,6 +40,8 @@ def test_auto_config_round_trip(tmp_path):
         ({"encoder_ffn_dim": 0}, "encoder_ffn_dim"),
         ({"activation_function": "softmax"}, "activation_function"),
         ({"position_embedding_type": "rotary"}, "position_embedding_type"),
+        ({"init_scheme": "kaiming"}, "init_scheme"),
+        ({"init_std": 0.0}, "init_std"),
         ({"dropout": 1.0}, "dropout"),
         ({"attention_dropout": -0.1}, "attention_dropout"),
         ({"vocab_size": 10, "pad_token_id": 10}, "pad_token_id"),

@@ -84,6 +84,54 @@ def test_layer_norm_uses_biased_variance_and_starts_at_identity():
     torch.testing.assert_close(norm(x), expected)
 
 
+@pytest.mark.parametrize("scheme", ["normal", "xavier"])
+def test_init_schemes_draw_the_documented_distributions(scheme):
+    # big enough matrices for the sample standard deviations to be within a few percent of the documented ones
+    config = tiny_config(vocab_size=4000, d_model=256, encoder_ffn_dim=1024, init_scheme=scheme)
+    model = VanillaTransformerForConditionalGeneration(config)
+    embedding = model.model.shared.weight
+    qkv = model.model.encoder.layers[0].self_attn.qkv_proj  # (3 d_model, d_model)
+    fc1 = model.model.encoder.layers[0].feed_forward.fc1  # (d_ffn, d_model)
+    if scheme == "normal":  # N(0, 0.02) everywhere, as BART and Marian
+        expected = {"embedding": 0.02, "qkv": 0.02, "fc1": 0.02}
+    else:  # Xavier-uniform std = sqrt(2 / (fan_in + fan_out)); embeddings N(0, d_model^-0.5)
+        expected = {"embedding": 256**-0.5, "qkv": (2 / (256 + 768)) ** 0.5, "fc1": (2 / (256 + 1024)) ** 0.5}
+    assert embedding[1:].std().item() == pytest.approx(expected["embedding"], rel=0.05)
+    assert qkv.weight.std().item() == pytest.approx(expected["qkv"], rel=0.05)
+    assert fc1.weight.std().item() == pytest.approx(expected["fc1"], rel=0.05)
+    if scheme == "xavier":  # uniform: bounded by sqrt(3) standard deviations
+        assert qkv.weight.abs().max().item() <= 3**0.5 * expected["qkv"] + 1e-6
+    assert torch.equal(embedding[config.pad_token_id], torch.zeros(256))  # the padding row is zero
+    assert torch.equal(qkv.bias, torch.zeros(768)) and torch.equal(fc1.bias, torch.zeros(1024))
+    assert model.lm_head.weight is embedding  # one matrix, initialised once
+
+
+def sublayer_to_residual_ratios(model, ids) -> list[float]:
+    """‖Sublayer(x)‖ / ‖x‖ at every Add & Norm of one forward pass."""
+    ratios = []
+    hooks = [
+        module.register_forward_hook(lambda _, args, out: ratios.append((args[1].norm() / args[0].norm()).item()))
+        for module in model.modules()
+        if type(module).__name__ == "AddAndNorm"
+    ]
+    with torch.no_grad():
+        model(input_ids=ids, labels=ids)
+    for hook in hooks:
+        hook.remove()
+    return ratios
+
+
+def test_normal_init_starts_each_sublayer_small_beside_its_residual():
+    """Why "normal" is the default: each post-norm sub-layer starts at a fraction of its residual, so the stack
+    starts close to the identity; Xavier makes sub-layer outputs about half the residual (docs/training.md)."""
+    ids = torch.randint(4, 4000, (8, 16))
+    sizes = dict(vocab_size=4000, d_model=256, encoder_ffn_dim=1024, decoder_ffn_dim=1024)
+    normal = VanillaTransformerForConditionalGeneration(tiny_config(**sizes, init_scheme="normal")).eval()
+    xavier = VanillaTransformerForConditionalGeneration(tiny_config(**sizes, init_scheme="xavier")).eval()
+    assert max(sublayer_to_residual_ratios(normal, ids)) < 0.25
+    assert min(sublayer_to_residual_ratios(xavier, ids)) > 0.3
+
+
 def test_forward_returns_logits_not_probabilities():
     model = make_model()
     ids, mask = source_batch()

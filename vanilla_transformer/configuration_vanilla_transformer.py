@@ -7,6 +7,7 @@ from transformers import PretrainedConfig
 
 ACTIVATIONS = ("relu", "gelu", "gelu_new", "silu", "swish", "tanh")
 POSITION_EMBEDDING_TYPES = ("sinusoidal", "learned")
+INIT_SCHEMES = ("normal", "xavier")
 
 # Every config, hence every saved config.json, names all the Auto classes of the plug-in and the translation pipeline,
 # so that a checkpoint loads as any of them, and translates with `pipeline("translation", trust_remote_code=True)`,
@@ -57,8 +58,11 @@ class VanillaTransformerConfig(PretrainedConfig):
         normalize_before: False is the paper's post-norm ``LayerNorm(x + Sublayer(x))`` (§3.1); True is pre-norm
             ``x + Sublayer(LayerNorm(x))`` with a final LayerNorm on each stack.
         layer_norm_eps: epsilon of every LayerNorm.
-        init_std: standard deviation of the token (and learned position) embeddings; defaults to d_model ** -0.5 so
-            that embeddings scaled by sqrt(d_model) (§3.4) have unit variance.
+        init_scheme: how fresh weights are drawn (the paper does not say). ``"normal"`` (BART's and Marian's): every
+            linear layer and embedding N(0, init_std), zero biases; the small weights start each post-norm sub-layer
+            close to the identity and train far better on small data (docs/training.md). ``"xavier"``: the
+            tensor2tensor/fairseq scheme, Xavier-uniform linear layers and N(0, d_model^-0.5) embeddings.
+        init_std: standard deviation of the ``"normal"`` scheme (0.02).
         scale_embedding: multiply token embeddings by sqrt(d_model) (§3.4).
         share_encoder_decoder_embeddings: one vocabulary and one embedding matrix for source and target (§3.4).
         tie_word_embeddings: tie the pre-softmax projection to the target embedding (§3.4).
@@ -91,7 +95,8 @@ class VanillaTransformerConfig(PretrainedConfig):
         position_embedding_type: str = "sinusoidal",
         normalize_before: bool = False,
         layer_norm_eps: float = 1e-5,
-        init_std: float | None = None,
+        init_scheme: str = "normal",
+        init_std: float = 0.02,
         scale_embedding: bool = True,
         share_encoder_decoder_embeddings: bool = True,
         tie_word_embeddings: bool = True,
@@ -121,7 +126,8 @@ class VanillaTransformerConfig(PretrainedConfig):
         self.position_embedding_type = position_embedding_type
         self.normalize_before = normalize_before
         self.layer_norm_eps = layer_norm_eps
-        self.init_std = init_std if init_std is not None else d_model**-0.5
+        self.init_scheme = init_scheme
+        self.init_std = init_std
         self.scale_embedding = scale_embedding
         self.share_encoder_decoder_embeddings = share_encoder_decoder_embeddings
         self.tie_word_embeddings = tie_word_embeddings
@@ -170,6 +176,8 @@ class VanillaTransformerConfig(PretrainedConfig):
                 fail(field, value, "it must be a positive number")
         if self.activation_function not in ACTIVATIONS:
             fail("activation_function", self.activation_function, f"allowed: {', '.join(ACTIVATIONS)}")
+        if self.init_scheme not in INIT_SCHEMES:
+            fail("init_scheme", self.init_scheme, f"allowed: {', '.join(INIT_SCHEMES)}")
         if self.position_embedding_type not in POSITION_EMBEDDING_TYPES:
             fail("position_embedding_type", self.position_embedding_type, f"allowed: {POSITION_EMBEDDING_TYPES}")
         if self.share_encoder_decoder_embeddings and self.decoder_vocab_size != self.vocab_size:
