@@ -6,11 +6,13 @@ test BLEU, chrF and exact match in a few minutes on a CPU:
 
     python scripts/train.py --output_dir outputs/demo
 
-Real data (JSON lines with {"translation": {"de": ..., "en": ...}}, TSV with a header of language codes, or a Hub
-dataset) trains the paper's `base` model by default:
+Your own data (JSON lines with {"translation": {"de": ..., "en": ...}}, TSV with a header of language codes, or a Hub
+dataset) trains the `compact` preset by default, for as long as you give it (or 3 epochs):
 
-    python scripts/train.py --dataset_name wmt16 --dataset_config_name de-en --source_lang de --target_lang en \
-        --output_dir outputs/wmt16 --max_steps 100000 --save_steps 1000 --save_total_limit 5
+    python scripts/train.py --train_file train.jsonl --validation_file dev.jsonl --test_file test.jsonl \
+        --source_lang de --target_lang en --output_dir outputs/de-en --max_train_minutes 30
+    python scripts/train.py --preset base --dataset_name wmt16 --dataset_config_name de-en --source_lang de \
+        --target_lang en --output_dir outputs/wmt16 --max_steps 100000 --save_steps 1000 --save_total_limit 5
 
 Several processes or GPUs (on a CPU-only machine the processes join a gloo group):
 
@@ -37,6 +39,7 @@ from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, HfArgumentParser,
 from vanilla_transformer import VanillaTransformerForConditionalGeneration
 from vanilla_transformer.checkpointing import check_checkpoint, last_complete_checkpoint
 from vanilla_transformer.data import DataError, load_raw_datasets, select_samples, tokenize_splits
+from vanilla_transformer.time_budget import UNLIMITED_STEPS, find_time_budget, format_duration
 from vanilla_transformer.tokenizer import check_tokenizer_matches_config, iterate_texts, train_tokenizer
 from vanilla_transformer.training import (
     PRESETS,
@@ -46,6 +49,7 @@ from vanilla_transformer.training import (
     default_generation_config,
     make_compute_metrics,
     parse_config_overrides,
+    set_cpu_threads,
     training_defaults,
     use_cpu_if_no_accelerator,
 )
@@ -65,7 +69,7 @@ class ModelArguments:
         metadata={
             "help": "Fresh model and training defaults: "
             + "; ".join(f"{name}: {preset['description']}" for name, preset in PRESETS.items())
-            + ". Default: small for the demo corpus, base for your own data.",
+            + ". Default: small for the demo corpus, compact for your own data.",
             "choices": list(PRESETS),
         },
     )
@@ -149,7 +153,7 @@ def parse_arguments(argv: list[str]) -> tuple[ModelArguments, DataArguments, Tra
         model_args, data_args = pre_parser.parse_dict(values, allow_extra_keys=True)
     else:
         model_args, data_args, _ = pre_parser.parse_args_into_dataclasses(argv, return_remaining_strings=True)
-    preset = model_args.preset or ("base" if data_args.has_own_data() else "small")
+    preset = model_args.preset or ("compact" if data_args.has_own_data() else "small")
     defaults = training_defaults(preset)
     auto_do = not {"do_train", "do_eval", "do_predict"} & given
     if auto_do:
@@ -161,6 +165,17 @@ def parse_arguments(argv: list[str]) -> tuple[ModelArguments, DataArguments, Tra
         parser.set_defaults(**defaults)
         model_args, data_args, training_args = parser.parse_args_into_dataclasses(argv)
     model_args.preset = preset
+    if training_args.max_train_minutes is not None and not {"max_steps", "num_train_epochs"} & given:
+        # the budget alone ends training: the data repeats for as many epochs as fit (the preset's epochs do not stop
+        # it), so fractions of the total number of steps mean nothing
+        for name in ("warmup_steps", "logging_steps", "eval_steps", "save_steps"):
+            value = getattr(training_args, name)
+            if value is not None and 0 < value < 1:
+                raise ValueError(
+                    f"--{name} {value:g} is a fraction of the training steps, unknown with --max_train_minutes alone; "
+                    "give it in steps, or also give --max_steps or --num_train_epochs."
+                )
+        training_args.max_steps = UNLIMITED_STEPS
     data_args.max_source_length = data_args.max_source_length or PRESETS[preset]["max_length"]
     data_args.max_target_length = data_args.max_target_length or PRESETS[preset]["max_length"]
     return model_args, data_args, training_args, auto_do
@@ -246,7 +261,10 @@ def main(argv: list[str] | None = None, callbacks=None) -> dict:
     TrainerCallbacks (tests use them to watch the run)."""
     argv = sys.argv[1:] if argv is None else list(argv)
     use_cpu_if_no_accelerator()
-    model_args, data_args, training_args, auto_do = parse_arguments(argv)
+    try:
+        model_args, data_args, training_args, auto_do = parse_arguments(argv)
+    except ValueError as error:  # a value the training arguments refuse, e.g. --max_train_minutes 0
+        raise SystemExit(f"train.py: error: {' '.join(str(error).split())}") from None
 
     logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s", level=logging.INFO)
     log_level = training_args.get_process_log_level()
@@ -254,6 +272,10 @@ def main(argv: list[str] | None = None, callbacks=None) -> dict:
     transformers.utils.logging.set_verbosity(log_level)
     is_main = training_args.process_index == 0
     set_seed(training_args.seed)
+    try:
+        threads = set_cpu_threads(training_args.threads)
+    except ValueError as error:
+        raise SystemExit(f"train.py: error: {error}") from None
 
     # Everything that can be wrong with the arguments or the data is found here, before any training.
     try:
@@ -330,8 +352,15 @@ def main(argv: list[str] | None = None, callbacks=None) -> dict:
             batch = f"{per_device} pairs per device {scale} = {total} pairs"
         print(
             f"model: {parameters / 1e6:.2f}M parameters ({model_args.model_name_or_path or model_args.preset}); "
-            f"{source_lang}->{target_lang}; tokenizer: {tokenizer_source}; global batch {batch}"
+            f"{source_lang}->{target_lang}; tokenizer: {tokenizer_source}; global batch {batch}; CPU threads {threads}"
         )
+        if training_args.do_train and training_args.max_train_minutes is not None:
+            alone = training_args.max_steps == UNLIMITED_STEPS
+            print(
+                f"time budget: training stops after {training_args.max_train_minutes:g} min of training "
+                "(evaluation and checkpoint saving not counted)"
+                + ("; epochs repeat until then" if alone else ", or at the step or epoch limit if that comes first")
+            )
 
     trainer = build_trainer(
         model,
@@ -346,6 +375,12 @@ def main(argv: list[str] | None = None, callbacks=None) -> dict:
     all_metrics: dict = {}
     if training_args.do_train:
         result = trainer.train(resume_from_checkpoint=checkpoint)
+        budget = find_time_budget(trainer.callback_handler.callbacks)
+        if is_main and budget is not None and budget.stopped_at_step is not None:
+            print(
+                f"train.py: stopped after {format_duration(budget.elapsed_seconds)} of training "
+                f"(--max_train_minutes {budget.minutes:g}) at step {budget.stopped_at_step}"
+            )
         trainer.save_model()  # model, tokenizer and generation_config.json
         metrics = dict(result.metrics, train_samples=len(tokenized["train"]))
         trainer.log_metrics("train", metrics)
@@ -374,10 +409,13 @@ def main(argv: list[str] | None = None, callbacks=None) -> dict:
     if trainer.is_world_process_zero():
         from vanilla_transformer.model_card import write_model_card
 
+        recipe = training_args
+        if training_args.max_steps == UNLIMITED_STEPS:  # the budget's step cap: the card reports the steps trained
+            recipe = dict(training_args.to_dict(), max_steps=trainer.state.global_step)
         write_model_card(
             training_args.output_dir,
             metrics=all_metrics,
-            training_args=training_args,
+            training_args=recipe,
             dataset_name=data_args.dataset_name
             or data_args.train_file
             or ("the built-in German->English number-words demo corpus" if not data_args.has_own_data() else None),

@@ -22,7 +22,7 @@ import transformers
 from transformers import HfArgumentParser
 
 import vanilla_transformer  # noqa: F401  (registers the model with the Auto classes)
-from vanilla_transformer.training import load_translator, translate
+from vanilla_transformer.training import load_translator, set_cpu_threads, translate
 
 
 @dataclass
@@ -44,6 +44,13 @@ class TranslateArguments:
         default=None, metadata={"help": "Longest translation in tokens (default: longest input in the batch + 50)."}
     )
     device: str | None = field(default=None, metadata={"help": "cpu, cuda, ... (default: a GPU if there is one)."})
+    threads: int | None = field(
+        default=None,
+        metadata={
+            "help": "CPU threads (default: one per physical core that is idle at start, so that a shared machine "
+            "does not slow translation down many-fold; OMP_NUM_THREADS is respected too)."
+        },
+    )
 
 
 def read_lines(flag: str, path: str) -> list[str]:
@@ -72,6 +79,7 @@ def main(argv: list[str] | None = None) -> None:
             )
         if args.num_beams is not None and args.num_beams < 1:
             raise ValueError(f"--num_beams={args.num_beams} must be at least 1.")
+        set_cpu_threads(args.threads)
         model, tokenizer = load_translator(args.model_dir, device=args.device)
     except (ValueError, OSError) as error:
         raise SystemExit(f"translate.py: error: {str(error).strip().splitlines()[0]}") from None

@@ -1,5 +1,6 @@
 import importlib.util
 import os
+import sys
 
 import pytest
 import torch
@@ -58,6 +59,7 @@ def load_script(name: str):
     """Import scripts/<name>.py as a module, to call its main() in-process."""
     spec = importlib.util.spec_from_file_location(name, os.path.join(ROOT, "scripts", f"{name}.py"))
     module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # dataclasses with postponed annotations look their module up there
     spec.loader.exec_module(module)
     return module
 

@@ -99,6 +99,10 @@ def demo_tokenizer(tmp_path_factory) -> str:
 
 
 def test_presets():
+    compact = build_config("compact", vocab_size=8000)
+    assert (compact.d_model, compact.encoder_layers, compact.decoder_layers) == (256, 3, 3)
+    assert (compact.encoder_attention_heads, compact.encoder_ffn_dim, compact.init_scheme) == (4, 1024, "normal")
+    assert PRESETS["compact"]["vocab_size"] == 8000
     base, big = build_config("base", vocab_size=37000), build_config("big", vocab_size=37000)
     paper_base = VanillaTransformerConfig(vocab_size=37000).to_dict()
     assert {k: v for k, v in base.to_dict().items() if k != "transformers_version"} == {
@@ -130,8 +134,14 @@ def test_preset_defaults_yield_to_flags(tmp_path):
 
     own_data = out + ["--train_file", "x.jsonl", "--source_lang", "de", "--target_lang", "en", "--do_train"]
     model_args, data_args, args, auto_do = train_script.parse_arguments(own_data)
-    assert model_args.preset == "base" and not auto_do and not args.do_eval
-    assert (args.learning_rate, args.warmup_steps, data_args.max_source_length) == (7e-4, 4000, 256)
+    assert model_args.preset == "compact" and not auto_do and not args.do_eval
+    assert (args.learning_rate, args.warmup_steps, data_args.max_source_length) == (1e-3, 400, 256)
+    assert (args.lr_scheduler_type, args.max_tokens_per_batch) == ("linear", 512)
+    # the budget alone ends training: no epoch limit, and the linear decay follows the clock
+    _, _, args, _ = train_script.parse_arguments(own_data + ["--max_train_minutes", "15"])
+    assert args.max_train_minutes == 15 and args.max_steps > 10**8
+    _, _, args, _ = train_script.parse_arguments(own_data + ["--max_tokens_per_batch", "300", "--preset", "base"])
+    assert (args.max_tokens_per_batch, args.learning_rate, args.lr_scheduler_type) == (300, 7e-4, "inverse_sqrt")
 
     _, _, args, _ = train_script.parse_arguments(out + ["--learning_rate", "1e-4", "--preset", "big"])
     assert (args.learning_rate, args.warmup_steps) == (1e-4, 4000)

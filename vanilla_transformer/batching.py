@@ -34,6 +34,8 @@ from torch.utils.data import DataLoader, Sampler
 from transformers import Seq2SeqTrainer
 from transformers.trainer_utils import has_length, seed_worker
 
+from .time_budget import find_time_budget
+
 
 def _round_up(length: int, multiple: int | None) -> int:
     return length if not multiple else math.ceil(length / multiple) * multiple
@@ -281,6 +283,16 @@ class TokenBatchingSeq2SeqTrainer(Seq2SeqTrainer):
             # a training-arguments dataclass may carry the flag (train.py's --max_tokens_per_batch)
             max_tokens_per_batch = _check_max_tokens(getattr(self.args, "max_tokens_per_batch", None))
         self.max_tokens_per_batch = max_tokens_per_batch
+
+    def create_scheduler(self, num_training_steps: int, optimizer: torch.optim.Optimizer | None = None):
+        """Trainer's schedule, unless a TimeBudgetCallback (train.py's --max_train_minutes) makes one that decays
+        over the time budget (linear, cosine)."""
+        budget = find_time_budget(self.callback_handler.callbacks)
+        if self.lr_scheduler is None and budget is not None:
+            scheduler = budget.make_scheduler(optimizer or self.optimizer, self.args, num_training_steps)
+            if scheduler is not None:
+                self.lr_scheduler, self._created_lr_scheduler = scheduler, True
+        return super().create_scheduler(num_training_steps, optimizer)
 
     def get_train_dataloader(self) -> DataLoader:
         if self.max_tokens_per_batch is None:

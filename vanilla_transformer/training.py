@@ -8,6 +8,7 @@ import inspect
 import json
 import os
 import re
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -23,11 +24,19 @@ from transformers import (
     Seq2SeqTrainingArguments,
     TrainerCallback,
 )
+from transformers.trainer_callback import ProgressCallback
 from transformers.trainer_utils import SchedulerType
 
 from .batching import TokenBatchingSeq2SeqTrainer
 from .configuration_vanilla_transformer import VanillaTransformerConfig
 from .modeling_vanilla_transformer import VanillaTransformerForConditionalGeneration
+from .time_budget import (
+    BudgetProgressCallback,
+    TimeBudgetCallback,
+    check_minutes,
+    check_scheduler,
+    find_time_budget,
+)
 
 # --------------------------------------------------------------------------------------------------------------------
 # Presets
@@ -66,6 +75,33 @@ PRESETS: dict[str, dict] = {
             "logging_steps": 50,
             "save_strategy": "epoch",
             "save_total_limit": 5,
+        },
+    },
+    "compact": {
+        "description": "the default for your own data: d_model 256, 3+3 layers, 4 heads, d_ff 1024, an 8000-token "
+        "vocabulary, token batches and a linear decay; trains a strong translator from tens of thousands of pairs on a "
+        "CPU (docs/training.md)",
+        "config": {
+            "d_model": 256,
+            "encoder_layers": 3,
+            "decoder_layers": 3,
+            "encoder_attention_heads": 4,
+            "decoder_attention_heads": 4,
+            "encoder_ffn_dim": 1024,
+            "decoder_ffn_dim": 1024,
+            "dropout": 0.1,
+        },
+        "vocab_size": 8000,
+        "max_length": 256,
+        # measured on a 57k-pair English-French corpus against Marian's recipe: see docs/training.md
+        "training": {
+            "learning_rate": 1e-3,
+            "warmup_steps": 400,
+            "lr_scheduler_type": "linear",
+            "max_tokens_per_batch": 512,
+            "per_device_eval_batch_size": 64,
+            "save_steps": 1000,
+            "save_total_limit": 3,
         },
     },
     "base": {
@@ -201,6 +237,31 @@ class TranslationTrainingArguments(Seq2SeqTrainingArguments):
             "The paper used about 25000."
         },
     )
+    threads: int | None = field(
+        default=None,
+        metadata={
+            "help": "CPU threads for PyTorch. Default: one per physical core that is idle when training starts (all "
+            "of them on an idle machine), so that a machine shared with other work does not slow training down "
+            "many-fold; OMP_NUM_THREADS is respected too."
+        },
+    )
+    max_train_minutes: float | None = field(
+        default=None,
+        metadata={
+            "help": "Stop training after this many minutes of training time (fairseq's --stop-time-hours), counting "
+            "the training steps and their data loading but not evaluation or checkpoint saving during training; "
+            "the time spent is saved with each checkpoint, so a resumed run trains only for the rest. With neither "
+            "--max_steps nor --num_train_epochs given, the budget alone ends training; otherwise whichever limit "
+            "comes first. linear and cosine schedules decay over the budget; inverse_sqrt, constant and "
+            "constant_with_warmup are unchanged; other schedules are refused."
+        },
+    )
+
+    def __post_init__(self):
+        super().__post_init__()
+        check_minutes(self.max_train_minutes)
+        if self.max_train_minutes is not None:
+            check_scheduler(self.lr_scheduler_type, self.lr_scheduler_kwargs)
 
 
 def training_defaults(preset: str) -> dict:
@@ -219,6 +280,50 @@ def use_cpu_if_no_accelerator() -> bool:
         os.environ["ACCELERATE_USE_CPU"] = "true"
         return True
     return False
+
+
+def busy_cpus(seconds: float = 0.25) -> float:
+    """How many CPUs the machine's other work keeps busy, from /proc/stat over `seconds` (0.0 where it is unreadable,
+    e.g. not on Linux)."""
+
+    def sample() -> tuple[int, int]:
+        with open("/proc/stat") as f:
+            times = [int(value) for value in f.readline().split()[1:]]
+        return sum(times), times[3] + times[4]  # all, idle + iowait
+
+    try:
+        total_before, idle_before = sample()
+        time.sleep(seconds)
+        total_after, idle_after = sample()
+    except (OSError, ValueError, IndexError):
+        return 0.0
+    busy_fraction = 1.0 - (idle_after - idle_before) / max(1, total_after - total_before)
+    return max(0.0, busy_fraction) * (os.cpu_count() or 1)
+
+
+def set_cpu_threads(threads: int | None = None) -> str:
+    """Choose PyTorch's CPU threads for training or translating, and say how in a few words.
+
+    PyTorch's default, one thread per physical core, is fastest on an idle machine, but when another job holds a core
+    the threads spin waiting for the one that shares it, and training slows down several-fold (docs/training.md). So
+    unless `threads` (the scripts' --threads) or OMP_NUM_THREADS says otherwise, only the cores idle at start are used.
+    Several processes (accelerate launch) and GPU runs keep PyTorch's default."""
+    if threads is not None:
+        if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
+            raise ValueError(f"--threads {threads!r} is invalid; it must be a positive number of threads.")
+        torch.set_num_threads(threads)
+        return f"{threads} (--threads)"
+    if "OMP_NUM_THREADS" in os.environ:
+        return f"{torch.get_num_threads()} (OMP_NUM_THREADS)"
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1 or torch.accelerator.is_available():
+        return f"{torch.get_num_threads()} (PyTorch's default)"
+    default = torch.get_num_threads()
+    busy = busy_cpus()
+    chosen = max(1, min(default, int((os.cpu_count() or 1) - busy + 0.5)))
+    torch.set_num_threads(chosen)
+    if chosen < default:
+        return f"{chosen} of {default}: other work keeps {busy:.1f} CPUs busy (--threads to choose)"
+    return f"{chosen}"
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -263,14 +368,16 @@ def build_trainer(
     callbacks: Sequence[TrainerCallback] | None = None,
 ) -> Seq2SeqTrainer:
     """The one place the trainer is built. The collator pads each batch to its longest pair and builds
-    decoder_input_ids from the labels (the model's shift right), which label smoothing needs."""
+    decoder_input_ids from the labels (the model's shift right), which label smoothing needs. With
+    `args.max_train_minutes`, a TimeBudgetCallback stops training and drives the learning-rate schedule."""
     collator = DataCollatorForSeq2Seq(
         tokenizer,
         model=model,
         label_pad_token_id=-100,  # padded label positions are left out of the loss
         pad_to_multiple_of=8 if args.fp16 or args.bf16 else None,
     )
-    return TokenBatchingSeq2SeqTrainer(
+    minutes = getattr(args, "max_train_minutes", None)
+    trainer = TokenBatchingSeq2SeqTrainer(
         model=model,
         args=args,
         data_collator=collator,
@@ -278,9 +385,13 @@ def build_trainer(
         eval_dataset=eval_dataset,
         processing_class=tokenizer,
         compute_metrics=compute_metrics if args.predict_with_generate else None,
-        callbacks=list(callbacks or []),
+        callbacks=list(callbacks or []) + ([TimeBudgetCallback(minutes)] if minutes is not None else []),
         max_tokens_per_batch=getattr(args, "max_tokens_per_batch", None),
     )
+    budget = find_time_budget(trainer.callback_handler.callbacks)
+    if budget is not None and trainer.pop_callback(ProgressCallback) is not None:
+        trainer.add_callback(BudgetProgressCallback(budget))  # minutes of the budget rather than steps
+    return trainer
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -439,5 +550,6 @@ __all__ = [
     "load_translator",
     "make_compute_metrics",
     "save_averaged_model",
+    "set_cpu_threads",
     "translate",
 ]
