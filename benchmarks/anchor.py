@@ -1,0 +1,170 @@
+#!/usr/bin/env python
+"""The anchor recipe: transformers' MarianMTModel trained the way a transformers user would, on a parallel corpus.
+
+A `run_translation.py`-style `Seq2SeqTrainer` run with OPUS-MT's architecture at d_model 256 (3+3 layers, 4 heads,
+FFN 1024, swish, decoder start = pad, scaled embeddings), MarianConfig's default init (std 0.02), dropout 0.1, a joint
+8k byte-level BPE vocabulary, AdamW (0.9, 0.98), lr 1e-3, 400 warmup steps then linear decay, label smoothing 0.1,
+batch 16 pairs, 4,500 steps, gradient clipping 1.0, then beam-4 sacreBLEU on the test split:
+
+    python benchmarks/build_mo_corpus.py --output_dir data/en-fr
+    OMP_NUM_THREADS=1 python benchmarks/anchor.py --data_dir data/en-fr --output_dir outputs/anchor-marian
+
+`--model vanilla` swaps MarianMTModel for this project's model at the same size (ReLU, as in the paper) and changes
+nothing else: the drop-in comparison. Prints one result line and writes result.json and the test translations.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import torch  # noqa: E402
+from common import corpus_files, result_line, test_bleu  # noqa: E402
+from datasets import load_dataset  # noqa: E402
+from transformers import (  # noqa: E402
+    DataCollatorForSeq2Seq,
+    MarianConfig,
+    MarianMTModel,
+    Seq2SeqTrainer,
+    Seq2SeqTrainingArguments,
+)
+
+from vanilla_transformer import VanillaTransformerConfig, VanillaTransformerForConditionalGeneration  # noqa: E402
+from vanilla_transformer.tokenizer import train_tokenizer  # noqa: E402
+from vanilla_transformer.training import parse_config_overrides  # noqa: E402
+
+SIZE = {"d_model": 256, "layers": 3, "heads": 4, "ffn": 1024}
+
+
+def build_model(kind: str, vocab_size: int, overrides: dict) -> torch.nn.Module:
+    """MarianMTModel (OPUS-MT's architecture) or this project's model, at the anchor's size, with fresh weights."""
+    if kind == "marian":
+        config = MarianConfig(
+            vocab_size=vocab_size,
+            decoder_vocab_size=vocab_size,
+            d_model=SIZE["d_model"],
+            encoder_layers=SIZE["layers"],
+            decoder_layers=SIZE["layers"],
+            encoder_attention_heads=SIZE["heads"],
+            decoder_attention_heads=SIZE["heads"],
+            encoder_ffn_dim=SIZE["ffn"],
+            decoder_ffn_dim=SIZE["ffn"],
+            activation_function="swish",
+            dropout=0.1,
+            max_position_embeddings=512,
+            scale_embedding=True,
+            pad_token_id=0,
+            eos_token_id=2,
+            decoder_start_token_id=0,  # OPUS-MT starts the decoder from pad
+            forced_eos_token_id=2,
+        )
+        return MarianMTModel(config)
+    config = VanillaTransformerConfig(
+        vocab_size=vocab_size,
+        d_model=SIZE["d_model"],
+        encoder_layers=SIZE["layers"],
+        decoder_layers=SIZE["layers"],
+        encoder_attention_heads=SIZE["heads"],
+        decoder_attention_heads=SIZE["heads"],
+        encoder_ffn_dim=SIZE["ffn"],
+        decoder_ffn_dim=SIZE["ffn"],
+        dropout=0.1,
+        max_position_embeddings=512,
+        **overrides,
+    )
+    return VanillaTransformerForConditionalGeneration(config)
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--data_dir", required=True, help="train/validation/test.jsonl from build_mo_corpus.py")
+    parser.add_argument("--output_dir", required=True)
+    parser.add_argument("--model", choices=("marian", "vanilla"), default="marian")
+    parser.add_argument(
+        "--config_overrides", default=None, help="Our model's config fields (--model vanilla), e.g. init_scheme=xavier."
+    )
+    parser.add_argument("--source_lang", default="en")
+    parser.add_argument("--target_lang", default="fr")
+    parser.add_argument("--max_steps", type=int, default=4500)
+    parser.add_argument("--learning_rate", type=float, default=1e-3)
+    parser.add_argument("--seed", type=int, default=42)
+    parser.add_argument("--num_beams", type=int, default=4)
+    args = parser.parse_args(argv)
+    if args.config_overrides and args.model != "vanilla":
+        parser.error("--config_overrides changes our model's config: use it with --model vanilla")
+    torch.manual_seed(args.seed)
+
+    files = corpus_files(args.data_dir)
+    raw = load_dataset("json", data_files=files)
+    src, tgt = args.source_lang, args.target_lang
+    tokenizer = train_tokenizer((t for ex in raw["train"]["translation"] for t in (ex[src], ex[tgt])), vocab_size=8000)
+    os.makedirs(args.output_dir, exist_ok=True)
+    tokenizer.save_pretrained(args.output_dir)
+
+    def tokenize(batch):
+        pairs = batch["translation"]
+        return tokenizer([p[src] for p in pairs], text_target=[p[tgt] for p in pairs], max_length=256, truncation=True)
+
+    data = raw.map(tokenize, batched=True, remove_columns=["translation"])
+    model = build_model(args.model, len(tokenizer), parse_config_overrides(args.config_overrides))
+    training_args = Seq2SeqTrainingArguments(
+        output_dir=args.output_dir,
+        max_steps=args.max_steps,
+        per_device_train_batch_size=16,
+        per_device_eval_batch_size=64,
+        learning_rate=args.learning_rate,
+        lr_scheduler_type="linear",
+        warmup_steps=400,
+        adam_beta1=0.9,
+        adam_beta2=0.98,
+        weight_decay=0.0,
+        max_grad_norm=1.0,
+        label_smoothing_factor=0.1,
+        logging_steps=100,
+        eval_strategy="steps",
+        eval_steps=1000,
+        save_strategy="no",
+        predict_with_generate=False,
+        report_to=[],
+        seed=args.seed,
+        use_cpu=True,
+        disable_tqdm=True,
+    )
+    trainer = Seq2SeqTrainer(
+        model=model,
+        args=training_args,
+        train_dataset=data["train"],
+        eval_dataset=data["validation"],
+        data_collator=DataCollatorForSeq2Seq(tokenizer, model=model, label_pad_token_id=-100),
+        processing_class=tokenizer,
+    )
+    start = time.perf_counter()
+    train_metrics = trainer.train().metrics
+    train_minutes = (time.perf_counter() - start) / 60
+    eval_loss = trainer.evaluate()["eval_loss"]
+    bleu, chrf, hypotheses = test_bleu(model, tokenizer, raw["test"], src, tgt, num_beams=args.num_beams)
+    with open(os.path.join(args.output_dir, "test_predictions.txt"), "w") as f:
+        f.write("\n".join(hypotheses) + "\n")
+    result = {
+        "recipe": f"anchor-{args.model}",
+        "steps": trainer.state.global_step,
+        "train_minutes": round(train_minutes, 2),
+        "train_samples_per_second": train_metrics.get("train_samples_per_second"),
+        "eval_loss": round(eval_loss, 4),
+        "test_bleu": round(bleu, 2),
+        "test_chrf": round(chrf, 2),
+        "log_history": trainer.state.log_history,
+    }
+    with open(os.path.join(args.output_dir, "result.json"), "w") as f:
+        json.dump(result, f, indent=1)
+    print(result_line(result))
+    return result
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,129 @@
+"""The real-data benchmark's tools: the .mo corpus builder (on catalogs the test writes) and the paired bootstrap."""
+
+import importlib.util
+import json
+import struct
+from pathlib import Path
+
+import pytest
+
+BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
+
+
+def load(name: str):
+    spec = importlib.util.spec_from_file_location(name, BENCHMARKS / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def write_mo(path: Path, messages: dict[str, str]) -> None:
+    """A GNU .mo file (little-endian, revision 0, no hash table) holding `messages`, sorted by msgid as msgfmt does."""
+    ids = sorted(messages)
+    id_bytes = [m.encode() for m in ids]
+    str_bytes = [messages[m].encode() for m in ids]
+    count = len(ids)
+    ids_at = 28
+    strs_at = ids_at + 8 * count
+    data_at = strs_at + 8 * count
+    tables, blob = [b"", b""], b""
+    for which, strings in enumerate((id_bytes, str_bytes)):
+        for s in strings:
+            tables[which] += struct.pack("<2I", len(s), data_at + len(blob))
+            blob += s + b"\x00"
+    header = struct.pack("<7I", 0x950412DE, 0, count, ids_at, strs_at, 0, 0)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(header + tables[0] + tables[1] + blob)
+
+
+@pytest.fixture
+def corpus_module():
+    return load("build_mo_corpus")
+
+
+def test_read_mo_round_trips_messages_plurals_and_contexts(tmp_path, corpus_module):
+    path = tmp_path / "x.mo"
+    write_mo(
+        path,
+        {
+            "": "Content-Type: text/plain; charset=UTF-8\n",
+            "Open file": "Ouvrir le fichier",
+            "menu\x04Quit": "Quitter",
+            "%d file\x00%d files": "%d fichier\x00%d fichiers",
+        },
+    )
+    pairs = dict(corpus_module.read_mo(str(path)))
+    assert pairs["Open file"] == "Ouvrir le fichier"
+    assert pairs["Quit"] == "Quitter"  # the context is dropped
+    assert pairs["%d file"] == "%d fichier"  # plurals give their singular forms
+    assert pairs[""].startswith("Content-Type")  # the header is read; collect_pairs drops it
+
+
+def test_read_mo_rejects_a_file_that_is_not_a_catalog(tmp_path, corpus_module):
+    path = tmp_path / "bad.mo"
+    path.write_bytes(b"not a catalog at all, just bytes")
+    with pytest.raises(ValueError, match="not a .mo file"):
+        list(corpus_module.read_mo(str(path)))
+
+
+def test_builder_cleans_deduplicates_and_splits_by_normalised_source(tmp_path, corpus_module):
+    messages = {
+        "": "header",
+        "_Open File": "_Ouvrir le fichier",  # accelerator removed
+        "Open file…": "Ouvrir un fichier…",  # normalises like "Open File": must share its split
+        "Same": "Same",  # identical pair: dropped
+        "Empty": "",  # untranslated: dropped
+        "%s: %s": "%s : %s",  # nothing but format specifiers: dropped
+        "%-10s {name}": "%-10s {nom}",
+        "x" * 300: "y" * 300,  # too long: dropped
+        **{f"Message number {i}": f"Message numéro {i}" for i in range(30)},  # all normalise alike
+        **{f"Word{chr(97 + i)}{chr(97 + j)}": f"Mot{chr(97 + i)}{chr(97 + j)}" for i in range(6) for j in range(6)},
+    }
+    write_mo(tmp_path / "locale" / "fr" / "LC_MESSAGES" / "a.mo", messages)
+    write_mo(tmp_path / "locale" / "fr" / "LC_MESSAGES" / "b.mo", {"Open File": "Ouvrir"})  # duplicate source
+    write_mo(tmp_path / "locale" / "de" / "LC_MESSAGES" / "a.mo", {"Open File": "Datei öffnen"})  # never read
+    out = tmp_path / "corpus"
+    argv = ["--output_dir", str(out), "--roots", str(tmp_path / "locale"), "--test_size", "5", "--validation_size", "5"]
+    counts = corpus_module.main(argv)
+
+    splits = {}
+    for name in ("train", "validation", "test"):
+        lines = (out / f"{name}.jsonl").read_text(encoding="utf-8").splitlines()
+        splits[name] = [json.loads(line)["translation"] for line in lines]
+        assert counts[name] == len(lines)
+    pairs = [pair for split in splits.values() for pair in split]
+    sources = [pair["en"] for pair in pairs]
+    assert len(sources) == len(set(sources)) == 2 + 30 + 36  # each English sentence once
+    assert {"en": "Open File", "fr": "Ouvrir le fichier"} in pairs  # first catalog wins, accelerators removed
+    assert not any(pair["en"] in ("Same", "Empty", "%s: %s") or len(pair["en"]) > 200 for pair in pairs)
+    assert all("Datei" not in pair["fr"] for pair in pairs)  # the German catalog was not read
+    # near-duplicates share a split: every "Message number N" is in one split, and so are both "open file" entries
+    for group in ("Message number", "Open"):
+        assert len({name for name, split in splits.items() for p in split if p["en"].startswith(group)}) == 1
+    assert 5 <= counts["test"] and 5 <= counts["validation"] and counts["train"] > 0
+    # deterministic: the same files give the same corpus
+    assert corpus_module.main(argv) == counts
+    assert [json.loads(line) for line in (out / "test.jsonl").read_text().splitlines()] == [
+        {"translation": pair} for pair in splits["test"]
+    ]
+
+
+def test_builder_refuses_the_reserved_german_catalogs(tmp_path, corpus_module):
+    with pytest.raises(SystemExit):
+        corpus_module.main(["--output_dir", str(tmp_path), "--language", "de"])
+
+
+def test_paired_bootstrap_finds_a_real_gain_and_no_gain_between_equals():
+    compare = load("compare")
+    references = [f"the cat number {i} sat on the mat" for i in range(200)]
+    worse = [f"a cat {i} sat mat" for i in range(200)]
+    result = compare.paired_bootstrap(references, worse, references, n_samples=200)
+    assert result["system_bleu"] == pytest.approx(100.0)
+    assert result["delta"] > 50 and result["p_value"] < 0.05
+    # equally good systems that are right on different halves: no significant difference
+    even = [r if i % 2 else w for i, (r, w) in enumerate(zip(references, worse))]
+    odd = [w if i % 2 else r for i, (r, w) in enumerate(zip(references, worse))]
+    tie = compare.paired_bootstrap(references, even, odd, n_samples=200)
+    assert abs(tie["delta"]) < 5 and tie["p_value"] > 0.05
+    with pytest.raises(ValueError, match="same number of lines"):
+        compare.paired_bootstrap(references, worse[:-1], references)
