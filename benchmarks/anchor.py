@@ -38,7 +38,18 @@ from vanilla_transformer import VanillaTransformerConfig, VanillaTransformerForC
 from vanilla_transformer.tokenizer import train_tokenizer  # noqa: E402
 from vanilla_transformer.training import parse_config_overrides  # noqa: E402
 
-SIZE = {"d_model": 256, "layers": 3, "heads": 4, "ffn": 1024}
+# the same field names in MarianConfig and VanillaTransformerConfig
+SIZE = {
+    "d_model": 256,
+    "encoder_layers": 3,
+    "decoder_layers": 3,
+    "encoder_attention_heads": 4,
+    "decoder_attention_heads": 4,
+    "encoder_ffn_dim": 1024,
+    "decoder_ffn_dim": 1024,
+    "dropout": 0.1,
+    "max_position_embeddings": 512,
+}
 
 
 def build_model(kind: str, vocab_size: int, overrides: dict) -> torch.nn.Module:
@@ -47,16 +58,8 @@ def build_model(kind: str, vocab_size: int, overrides: dict) -> torch.nn.Module:
         config = MarianConfig(
             vocab_size=vocab_size,
             decoder_vocab_size=vocab_size,
-            d_model=SIZE["d_model"],
-            encoder_layers=SIZE["layers"],
-            decoder_layers=SIZE["layers"],
-            encoder_attention_heads=SIZE["heads"],
-            decoder_attention_heads=SIZE["heads"],
-            encoder_ffn_dim=SIZE["ffn"],
-            decoder_ffn_dim=SIZE["ffn"],
+            **SIZE,
             activation_function="swish",
-            dropout=0.1,
-            max_position_embeddings=512,
             scale_embedding=True,
             pad_token_id=0,
             eos_token_id=2,
@@ -64,19 +67,8 @@ def build_model(kind: str, vocab_size: int, overrides: dict) -> torch.nn.Module:
             forced_eos_token_id=2,
         )
         return MarianMTModel(config)
-    config = VanillaTransformerConfig(
-        vocab_size=vocab_size,
-        d_model=SIZE["d_model"],
-        encoder_layers=SIZE["layers"],
-        decoder_layers=SIZE["layers"],
-        encoder_attention_heads=SIZE["heads"],
-        decoder_attention_heads=SIZE["heads"],
-        encoder_ffn_dim=SIZE["ffn"],
-        decoder_ffn_dim=SIZE["ffn"],
-        dropout=0.1,
-        max_position_embeddings=512,
-        **overrides,
-    )
+    # ReLU, scaled embeddings and the bos start token are our defaults (the paper's)
+    config = VanillaTransformerConfig(vocab_size=vocab_size, **SIZE, **overrides)
     return VanillaTransformerForConditionalGeneration(config)
 
 

@@ -2,15 +2,12 @@
 budget, the time spent survives a resume, and bad values are refused in one line."""
 
 import contextlib
-import importlib.util
 import io
 import json
 import math
-import os
-import sys
 
 import pytest
-from conftest import tiny_config, word_tokenizer
+from conftest import load_script, tiny_config, word_tokenizer
 from transformers import TrainerControl, TrainerState
 from transformers.optimization import (
     _get_cosine_schedule_with_warmup_lr_lambda,
@@ -21,7 +18,6 @@ from vanilla_transformer import VanillaTransformerForConditionalGeneration
 from vanilla_transformer.time_budget import UNLIMITED_STEPS, TimeBudgetCallback, budget_lr_lambda, find_time_budget
 from vanilla_transformer.training import TranslationTrainingArguments, build_trainer
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BUDGET_MINUTES = 0.05  # 3 s
 TINY_RUN = [
     *("--max_train_samples", "64", "--max_eval_samples", "8", "--max_predict_samples", "8"),
@@ -34,15 +30,7 @@ TINY_RUN = [
 ]
 
 
-def load_train_script():
-    spec = importlib.util.spec_from_file_location("train_script_time_budget", os.path.join(ROOT, "scripts", "train.py"))
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
-
-
-train_script = load_train_script()
+train_script = load_script("train")
 
 
 def run_train(argv: list[str]) -> str:
