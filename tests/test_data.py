@@ -1,6 +1,7 @@
 """Data for translation (issue 7): the demo corpus, loading JSON lines / TSV / datasets, validation, tokenisation."""
 
 import json
+import re
 
 import pytest
 from datasets import Dataset, DatasetDict
@@ -177,3 +178,38 @@ def test_long_pairs_are_dropped_and_counted_never_truncated(capsys):
 
     with pytest.raises(DataError, match="every pair is longer"):
         tokenize_splits(raw, tokenizer, "de", "en", max_source_length=1, max_target_length=1, print_fn=None)
+
+
+@pytest.mark.parametrize(
+    "name, content, message",
+    [
+        (
+            "tab.tsv",
+            "de\ten\neins\tone\nzwei\nvier\tfour\n",
+            "line 3 has 1 tab-separated field(s) but the header names 2",
+        ),
+        ("extra.tsv", "de\ten\neins\tone\ttoo\n", "line 2 has 3 tab-separated field(s)"),
+        ("empty-side.tsv", "de\ten\neins\tone\nzwei\t \n", "line 3 has an empty or non-text 'en' side"),
+        (
+            "bad.jsonl",
+            '{"translation": {"de": "eins", "en": "one"}}\n{"translation": {"de": "zwei",\n',
+            "line 2 is not valid JSON",
+        ),
+        (
+            "missing.jsonl",
+            '{"translation": {"de": "a", "en": "b"}}\n\n{"translation": {"de": "c"}}\n',
+            "line 3 has no 'en' sentence",
+        ),
+        (
+            "number.jsonl",
+            '{"translation": {"de": "a", "en": "b"}}\n{"translation": {"de": "c", "en": 3}}\n',
+            "line 2 has an empty or non-text 'en' side: 3",
+        ),
+        ("list.jsonl", '{"translation": {"de": "a", "en": "b"}}\n["c", "d"]\n', "line 2 is a list, not an object"),
+        ("array.json", '[{"de": "a", "en": "b"}, {"de": "", "en": "d"}]', "item 2 has an empty or non-text 'de' side"),
+    ],
+)
+def test_a_malformed_row_names_the_file_and_the_line(tmp_path, name, content, message):
+    (tmp_path / name).write_text(content, encoding="utf-8")
+    text = check_one_line_error(re.escape(message), source_lang="de", target_lang="en", train_file=str(tmp_path / name))
+    assert name in text

@@ -8,9 +8,10 @@ any model is built.
 
 from __future__ import annotations
 
+import json
 import os
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import datasets
 from datasets import Dataset, DatasetDict
@@ -154,6 +155,63 @@ def _check_file(flag: str, path: str) -> None:
             raise DataError(f"{flag} {path!r} is empty.")
 
 
+def _json_records(flag: str, path: str) -> Iterator[tuple[str, object]]:
+    """(where, record) for each record of a JSON-lines file ("line N") or of a JSON list ("item N")."""
+    with open(path, encoding="utf-8") as f:
+        first = next((line for line in f if line.strip()), "")
+        f.seek(0)
+        if first.lstrip().startswith("["):
+            try:
+                items = json.load(f)
+            except json.JSONDecodeError as error:
+                raise DataError(f"{flag} {path!r} is not valid JSON: {error}.") from None
+            yield from ((f"item {i}", item) for i, item in enumerate(items, 1))
+            return
+        for number, line in enumerate(f, 1):  # streamed: a corpus may not fit in memory twice
+            if line.strip():
+                try:
+                    record = json.loads(line)
+                except json.JSONDecodeError as error:
+                    raise DataError(f"{flag} {path!r} line {number} is not valid JSON: {error.msg}.") from None
+                yield f"line {number}", record
+
+
+def _tsv_records(flag: str, path: str) -> Iterator[tuple[str, object]]:
+    """(where, {language: sentence}) for each line of a TSV file after its header."""
+    header = _tsv_header(flag, path)
+    with open(path, encoding="utf-8") as f:
+        lines = ((number, line.rstrip("\r\n")) for number, line in enumerate(f, 1) if line.strip())
+        next(lines)  # the header
+        for number, line in lines:
+            fields = line.split("\t")
+            if len(fields) != len(header):
+                raise DataError(
+                    f"{flag} {path!r} line {number} has {len(fields)} tab-separated field(s) but the header names "
+                    f"{len(header)} ({', '.join(header)})."
+                )
+            yield f"line {number}", dict(zip(header, fields))
+
+
+def check_rows(flag: str, path: str, source_lang: str, target_lang: str) -> None:
+    """Raise a `DataError` naming the file and the line of the first malformed row: not JSON, not an object, a
+    missing column, an extra TSV field, or a side of the pair that is empty or not a string. A file whose first row
+    lacks a language altogether is left to `check_language_pair`, which lists the languages the file offers."""
+    records = _tsv_records(flag, path) if path.endswith(TSV_EXTENSIONS) else _json_records(flag, path)
+    for index, (where, record) in enumerate(records):
+        if not isinstance(record, dict):
+            raise DataError(f"{flag} {path!r} {where} is a {type(record).__name__}, not an object of sentences.")
+        pair = record.get("translation", record)
+        if not isinstance(pair, dict):
+            raise DataError(f"{flag} {path!r} {where}: `translation` must map languages to sentences.")
+        if index == 0 and not {source_lang, target_lang} <= set(pair):
+            return
+        for lang in (source_lang, target_lang):
+            if lang not in pair:
+                raise DataError(f"{flag} {path!r} {where} has no {lang!r} sentence.")
+            if not isinstance(pair[lang], str) or not pair[lang].strip():
+                raise DataError(f"{flag} {path!r} {where} has an empty or non-text {lang!r} side: {pair[lang]!r}.")
+
+
 def _load_json(flag: str, path: str, cache_dir: str | None) -> Dataset:
     try:
         return datasets.load_dataset("json", data_files=path, split="train", cache_dir=cache_dir)
@@ -162,7 +220,7 @@ def _load_json(flag: str, path: str, cache_dir: str | None) -> Dataset:
         raise DataError(f"{flag} {path!r} could not be read as JSON lines: {reason}") from error
 
 
-def _load_tsv(flag: str, path: str, cache_dir: str | None) -> Dataset:
+def _tsv_header(flag: str, path: str) -> list[str]:
     with open(path, encoding="utf-8") as f:
         header = next(line for line in f if line.strip()).rstrip("\r\n").split("\t")
     if len(header) < 2 or len(set(header)) != len(header) or not all(header):
@@ -170,6 +228,11 @@ def _load_tsv(flag: str, path: str, cache_dir: str | None) -> Dataset:
             f"{flag} {path!r}: the first line must name the language of each tab-separated column (e.g. 'de<TAB>en'),"
             f" got {header!r}."
         )
+    return header
+
+
+def _load_tsv(flag: str, path: str, cache_dir: str | None) -> Dataset:
+    header = _tsv_header(flag, path)
     try:
         return datasets.load_dataset(
             "csv",
@@ -259,6 +322,7 @@ def load_raw_datasets(
     for split, path in given_files.items():
         flag = f"--{split}_file"
         loader = _load_json if path.endswith(JSON_EXTENSIONS) else _load_tsv
+        check_rows(flag, path, source_lang, target_lang)
         raw[split] = loader(flag, path, cache_dir)
         check_language_pair(raw[split], f"{flag} {path!r}", source_lang, target_lang)
     return raw, source_lang, target_lang
