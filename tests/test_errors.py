@@ -139,6 +139,17 @@ def test_labels_of_the_wrong_shape(model):
         model(input_ids=ids(), decoder_input_ids=ids(), labels=ids(2, 3))
 
 
+def test_source_and_target_batches_of_different_sizes(model):
+    # labels of another batch size used to end in a matrix-multiply error deep in cross-attention
+    with pytest.raises(ValueError, match=r"`decoder_input_ids` \(or `labels`.*batch size 3 but the source .* has 2"):
+        model(input_ids=ids(2, 5), labels=ids(3, 4))
+    with pytest.raises(ValueError, match="batch size 1 but the source"):
+        model(input_ids=ids(2, 5), decoder_input_ids=ids(1, 4))
+    encoder_outputs = model.get_encoder()(input_ids=ids(2, 5))
+    with pytest.raises(ValueError, match="`decoder_inputs_embeds` has batch size 3"):
+        model(encoder_outputs=encoder_outputs, decoder_inputs_embeds=torch.randn(3, 4, model.config.d_model))
+
+
 def test_decoder_start_token_id_unset_when_it_is_needed():
     model = make_model(decoder_start_token_id=None)
     model(input_ids=ids(), decoder_input_ids=ids())  # not needed: the decoder input is given

@@ -591,6 +591,12 @@ def _check_inputs(
             f"`{name}` has shape {tuple((input_ids if input_ids is not None else inputs_embeds).shape)}: an empty "
             "batch or a zero-length sequence; every sequence needs at least one token (e.g. the eos token)."
         )
+    if encoder_hidden_states is not None and encoder_hidden_states.shape[0] != batch_size:
+        made_from = " (or `labels`, from which they are made)" if input_ids is not None else ""
+        raise ValueError(
+            f"`{name}`{made_from} has batch size {batch_size} but the source (`input_ids` or `encoder_outputs`) has "
+            f"{encoder_hidden_states.shape[0]}: each target sentence needs its source sentence."
+        )
     # A 4D mask is already prepared (generate builds one for a static cache) and is passed through as it is.
     masks = [(f"{prefix}attention_mask", attention_mask, (batch_size, past_length + length), name)]
     if encoder_hidden_states is not None:
