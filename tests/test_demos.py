@@ -134,7 +134,7 @@ def test_pre_norm_variant_trains():
     assert model.model.encoder.layer_norm is not None and model.model.decoder.layer_norm is not None
     optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)
     losses = []
-    for _ in range(50):
+    for _ in range(100):
         loss = model(input_ids=src, attention_mask=src.ne(PAD).long(), labels=labels).loss
         optimizer.zero_grad()
         loss.backward()
