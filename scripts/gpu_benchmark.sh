@@ -10,7 +10,7 @@
 #   1. eager: training step (batch 256 × 128 source / 128 target tokens), greedy and beam-4 generation (batch 16 ×
 #      32 source tokens, exactly 64 new tokens), training peak memory (torch.cuda.max_memory_allocated in fresh
 #      processes);
-#   2. torch.compile(model) training step (the MFU target of issue 5 is >= 40% of the measured bf16 peak);
+#   2. torch.compile(model) training step (the MFU target is >= 40% of the measured bf16 peak);
 #   3. only with STATIC=1: greedy generation with the static cache and a compiled decoding step.
 # Results: $OUT/gpu_<stage>.json, the tables in $OUT/gpu_<stage>.txt, progress in .log, versions in $OUT/env.txt.
 set -uo pipefail

@@ -1,4 +1,4 @@
-"""Token-based batching (issue 6): batches bounded by padded tokens, every pair once per epoch across ranks, a new
+"""Token-based batching: batches bounded by padded tokens, every pair once per epoch across ranks, a new
 order each epoch, and a Seq2SeqTrainer that trains with it, with gradient accumulation, on one and on two processes.
 
 Run as a script (``torchrun --nproc_per_node 2 tests/test_batching.py OUT``) this file is the worker of the
@@ -290,7 +290,7 @@ def test_the_budget_can_come_from_the_training_arguments(tmp_path):
 
 
 def test_token_batching_pads_less_than_sentence_batching_on_the_demo_corpus():
-    # the validation split (500 pairs) keeps this quick; README's figures are from the training split
+    # the validation split (500 pairs) keeps this quick; docs/training.md's figures are from the training split
     script = load_script("padding_efficiency")
     rows = script.main(["--split", "validation", "--batch_size", "32", "64", "--max_tokens_per_batch", "256", "512"])
     sentence = [row for row in rows if row["batching"].startswith("sentences")]

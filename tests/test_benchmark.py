@@ -1,6 +1,6 @@
 """The benchmark runs end to end at a tiny size and its FLOP formula counts what the models really multiply.
 
-No timing is asserted here: speed targets live in scripts/benchmark.py and notes/perf.md.
+No timing is asserted here: speed figures live in scripts/benchmark.py and docs/performance.md.
 """
 
 import importlib.util

@@ -1,4 +1,4 @@
-"""Data for translation (issue 7): the demo corpus, loading JSON lines / TSV / datasets, validation, tokenisation."""
+"""Data for translation: the demo corpus, loading JSON lines / TSV / datasets, validation, tokenisation."""
 
 import json
 import re

@@ -1,4 +1,4 @@
-"""The model learns: overfitting, Seq2SeqTrainer, and the classic from-scratch demos (issue 2, items 5-7)."""
+"""The model learns: overfitting, Seq2SeqTrainer, and the classic from-scratch demos."""
 
 import torch
 from conftest import tiny_config, word_tokenizer

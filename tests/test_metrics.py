@@ -1,4 +1,4 @@
-"""The project's own sacreBLEU and chrF `evaluate` modules (issue 7): loaded by path, offline, equal to sacrebleu."""
+"""The project's own sacreBLEU and chrF `evaluate` modules: loaded by path, offline, equal to sacrebleu."""
 
 import os
 

@@ -1,5 +1,5 @@
 """Numbers stay finite where naive attention gives NaN: fully padded rows, long sequences, low precision, and batches
-with nothing to learn from (issue 4)."""
+with nothing to learn from."""
 
 import pytest
 import torch

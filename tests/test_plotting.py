@@ -1,4 +1,4 @@
-"""Attention, positional-encoding and training-curve pictures (issue 6): files are written, are PNGs of a sensible
+"""Attention, positional-encoding and training-curve pictures: files are written, are PNGs of a sensible
 size, and hold what they claim (attention rows are distributions; the table is the paper's formula)."""
 
 import glob

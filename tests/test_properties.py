@@ -1,4 +1,4 @@
-"""Property-based tests (hypothesis) over random tiny configs, batch shapes and padding patterns (issue 4): no NaN,
+"""Property-based tests (hypothesis) over random tiny configs, batch shapes and padding patterns: no NaN,
 padding invariance, cache equals no cache, eager equals sdpa. All in fp32, models in eval mode."""
 
 import torch

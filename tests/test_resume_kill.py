@@ -1,4 +1,4 @@
-"""Interrupted training loses nothing (issue 4).
+"""Interrupted training loses nothing.
 
 scripts/train.py runs in child processes that SIGKILL themselves at a chosen moment, which is what an out-of-memory
 killer or a pre-empted machine does: no exception handler, no atexit, no flush. A first run is killed in the middle

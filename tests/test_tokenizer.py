@@ -1,4 +1,4 @@
-"""The joint BPE tokenizer (issue 7): special-token ids, saving/loading, text_target, lossless round trips."""
+"""The joint BPE tokenizer: special-token ids, saving/loading, text_target, lossless round trips."""
 
 import importlib.util
 import json

@@ -38,7 +38,7 @@ MODELS = ("vanilla", "marian")
 ROWS = ("train", "memory", "greedy", "beam", "train_compiled", "greedy_static_compiled", "train_bf16")
 QUICK_ROWS = ("train", "memory", "greedy", "beam", "train_bf16")
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
-# Targets of issue 5 (CPU, fp32, one thread): ratios vanilla / Marian, at least (speed) or at most (memory)
+# Targets (CPU, fp32, one thread): ratios vanilla / Marian, at least (speed) or at most (memory)
 TARGETS = {"train": 1.15, "greedy": 1.3, "beam": 1.3, "memory": 1.0}
 
 
@@ -507,7 +507,7 @@ def run_benchmark(
 
 
 def _summarise(results: dict, settings: BenchmarkSettings) -> dict:
-    """Add the best matmul peak so far, the MFU of the training rows and the targets of issue 5."""
+    """Add the best matmul peak so far, the MFU of the training rows and the targets."""
     results["matmul_peak_flops"] = {dtype: max(values) for dtype, values in results["matmul_peak_samples"].items()}
     for entry in results["rows"]:
         if "flops_per_step" in entry:
