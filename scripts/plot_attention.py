@@ -15,9 +15,10 @@ import argparse
 import os
 from dataclasses import dataclass, field
 
-from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, HfArgumentParser
+from transformers import AutoTokenizer, HfArgumentParser
 
 import vanilla_transformer  # noqa: F401  (registers the model with the Auto classes)
+from vanilla_transformer.checkpointing import load_trained_model
 from vanilla_transformer.plotting import (
     model_position_table,
     plot_cross_attention,
@@ -62,7 +63,7 @@ def main(argv: list[str] | None = None) -> dict[str, str]:
         parser.error(f"--positions {args.positions} is invalid; it must be at least 1.")
 
     # eager attention: the only implementation that returns the attention weights
-    model = AutoModelForSeq2SeqLM.from_pretrained(args.model_dir, attn_implementation="eager")
+    model = load_trained_model(args.model_dir, attn_implementation="eager")
     tokenizer = AutoTokenizer.from_pretrained(args.model_dir)
     config = model.config
     for name, value, size in (

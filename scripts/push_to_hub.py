@@ -17,8 +17,10 @@ from dataclasses import dataclass, field
 
 from huggingface_hub import HfApi
 from huggingface_hub.utils import filter_repo_objects
-from transformers import HfArgumentParser
+from safetensors import SafetensorError
+from transformers import AutoModel, HfArgumentParser
 
+from vanilla_transformer.checkpointing import load_trained_model
 from vanilla_transformer.model_card import write_model_card
 
 IGNORE_PATTERNS = ["checkpoint-*", "*.pt", "*.pth", ".git/*"]
@@ -53,6 +55,10 @@ def check_model_dir(model_dir: str) -> str | None:
         missing.append("model.safetensors")
     if missing:
         return f"--model_dir {model_dir!r} has no {' or '.join(missing)}; pass a folder written by save_pretrained"
+    try:
+        load_trained_model(model_dir, AutoModel)
+    except (OSError, ValueError, SafetensorError) as error:
+        return str(error).split("\n")[0]
     return None
 
 

@@ -32,12 +32,13 @@ import os
 import sys
 from dataclasses import dataclass, field
 
+import torch
 import transformers
 from datasets import DatasetDict
-from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, HfArgumentParser, set_seed
+from transformers import AutoTokenizer, HfArgumentParser, set_seed
 
 from vanilla_transformer import VanillaTransformerForConditionalGeneration
-from vanilla_transformer.checkpointing import check_checkpoint, last_complete_checkpoint
+from vanilla_transformer.checkpointing import check_checkpoint, last_complete_checkpoint, load_trained_model
 from vanilla_transformer.data import DataError, load_raw_datasets, select_samples, tokenize_splits
 from vanilla_transformer.time_budget import UNLIMITED_STEPS, find_time_budget, format_duration
 from vanilla_transformer.tokenizer import check_tokenizer_matches_config, iterate_texts, train_tokenizer
@@ -158,6 +159,8 @@ def parse_arguments(argv: list[str]) -> tuple[ModelArguments, DataArguments, Tra
     auto_do = not {"do_train", "do_eval", "do_predict"} & given
     if auto_do:
         defaults.update(do_train=True, do_eval=True, do_predict=True)
+    if not torch.accelerator.is_available():
+        defaults["dataloader_pin_memory"] = False  # pinned memory only helps copies to an accelerator
 
     if from_json:
         model_args, data_args, training_args = parser.parse_dict({**defaults, **values})
@@ -233,7 +236,7 @@ def build_model(model_args, tokenizer, tokenizer_source):
     if model_args.model_name_or_path is not None:
         if model_args.config_name or model_args.config_overrides:
             raise DataError("--config_name/--config_overrides make a fresh model; drop them with --model_name_or_path.")
-        model = AutoModelForSeq2SeqLM.from_pretrained(model_args.model_name_or_path, cache_dir=model_args.cache_dir)
+        model = load_trained_model(model_args.model_name_or_path, cache_dir=model_args.cache_dir)
     else:
         config = build_config(
             preset=model_args.preset,

@@ -59,3 +59,16 @@ def test_invalid_values_raise_naming_field_and_value(kwargs, field):
 def test_separate_vocabularies():
     config = VanillaTransformerConfig(vocab_size=8500, decoder_vocab_size=8000, share_encoder_decoder_embeddings=False)
     assert (config.vocab_size, config.decoder_vocab_size) == (8500, 8000)
+
+
+def test_a_config_saved_when_the_pipeline_lived_in_the_modeling_file_points_to_its_own_file():
+    old = {
+        "impl": "modeling_vanilla_transformer.VanillaTransformerTranslationPipeline",
+        "pt": ["AutoModelForSeq2SeqLM"],
+    }
+    config = VanillaTransformerConfig(custom_pipelines={"translation": old})
+    assert config.custom_pipelines["translation"]["impl"] == (
+        "pipeline_vanilla_transformer.VanillaTransformerTranslationPipeline"
+    )
+    own = {"impl": "my_pipeline.MyTranslationPipeline", "pt": ["AutoModelForSeq2SeqLM"], "type": "text"}
+    assert VanillaTransformerConfig(custom_pipelines={"translation": own}).custom_pipelines["translation"] == own

@@ -1,4 +1,4 @@
-"""Bad input gets one clear error naming the argument, its value and what is allowed (issue 4)."""
+"""Bad input gets one clear error naming the argument, its value and what is allowed."""
 
 import ast
 import json
@@ -13,6 +13,7 @@ from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import AutoConfig, AutoModelForSeq2SeqLM, PreTrainedTokenizerFast
 
 from vanilla_transformer import VanillaTransformerForConditionalGeneration
+from vanilla_transformer.checkpointing import load_trained_model
 from vanilla_transformer.checks import check_tokenizer_matches_config
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -230,11 +231,31 @@ def _drop_tensor(path: Path) -> None:
     ],
     ids=["truncated", "empty-file", "no-weights-file", "missing-tensor", "no-tensors"],
 )
-def test_checkpoint_with_missing_or_corrupt_weights_is_refused(tmp_path, damage, error, message):
+def test_a_trained_model_with_missing_or_corrupt_weights_is_refused(tmp_path, damage, error, message):
+    """Where a trained model is asked for (translate.py, train.py --model_name_or_path, averaging, plots, uploads)."""
     make_model().save_pretrained(tmp_path)
     damage(tmp_path / "model.safetensors")
     with pytest.raises(error, match=message):
-        AutoModelForSeq2SeqLM.from_pretrained(tmp_path)
+        load_trained_model(str(tmp_path))
+
+
+def test_from_pretrained_reports_missing_weights_and_initialises_them(tmp_path):
+    """As everywhere in transformers: a load report, never an exception, and fresh weights from _init_weights."""
+    make_model().save_pretrained(tmp_path)
+    path = tmp_path / "model.safetensors"
+    tensors = safetensors.torch.load_file(path)
+    dropped = [
+        "model.decoder.layers.1.feed_forward.fc1.weight",
+        "model.decoder.layers.1.feed_forward_norm.layer_norm.weight",
+    ]
+    for key in dropped:
+        del tensors[key]
+    safetensors.torch.save_file(tensors, path, metadata={"format": "pt"})
+    model, info = AutoModelForSeq2SeqLM.from_pretrained(tmp_path, output_loading_info=True)
+    assert sorted(info["missing_keys"]) == dropped
+    fc1 = model.model.decoder.layers[1].feed_forward.fc1.weight
+    assert torch.isfinite(fc1).all() and abs(fc1.std().item() - model.config.init_std) < 0.005  # N(0, 0.02)
+    assert torch.equal(model.model.decoder.layers[1].feed_forward_norm.layer_norm.weight, torch.ones(32))
 
 
 def test_a_missing_task_head_is_still_allowed(tmp_path):

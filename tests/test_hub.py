@@ -1,4 +1,4 @@
-"""Hub-ready checkpoints (issue 3): model card, translation pipeline, loading without the package, push_to_hub.
+"""Hub-ready checkpoints: model card, translation pipeline, loading without the package, push_to_hub.
 
 Everything runs offline: the checkpoint is a tiny model trained for a second on a toy word-for-word en→de lexicon, the
 tokenizer is built here, "the Hub" is tests/hub_server.py on 127.0.0.1, and "a user without the package" is a fresh
@@ -30,7 +30,7 @@ from transformers import PreTrainedTokenizerFast, Seq2SeqTrainingArguments, pipe
 import vanilla_transformer
 from vanilla_transformer import VanillaTransformerConfig, VanillaTransformerForConditionalGeneration
 from vanilla_transformer.model_card import write_model_card
-from vanilla_transformer.modeling_vanilla_transformer import VanillaTransformerTranslationPipeline
+from vanilla_transformer.pipeline_vanilla_transformer import VanillaTransformerTranslationPipeline
 
 ROOT = Path(__file__).resolve().parents[1]
 TOKEN = "hf_test_token_not_a_secret"
@@ -261,6 +261,7 @@ def test_saved_folder_has_everything_a_hub_user_needs(checkpoint):
         "config.json",
         "configuration_vanilla_transformer.py",
         "modeling_vanilla_transformer.py",
+        "pipeline_vanilla_transformer.py",
         "model.safetensors",
         "generation_config.json",
         "tokenizer.json",
@@ -269,7 +270,11 @@ def test_saved_folder_has_everything_a_hub_user_needs(checkpoint):
     }
     assert expected <= files
     package = Path(vanilla_transformer.__file__).parent
-    for source in ("configuration_vanilla_transformer.py", "modeling_vanilla_transformer.py"):
+    for source in (
+        "configuration_vanilla_transformer.py",
+        "modeling_vanilla_transformer.py",
+        "pipeline_vanilla_transformer.py",
+    ):
         assert (checkpoint.path / source).read_bytes() == (package / source).read_bytes()
     config = json.loads((checkpoint.path / "config.json").read_text())
     modeling = "modeling_vanilla_transformer"
@@ -281,14 +286,16 @@ def test_saved_folder_has_everything_a_hub_user_needs(checkpoint):
     }
     translation = config["custom_pipelines"]["translation"]
     assert translation == {
-        "impl": "modeling_vanilla_transformer.VanillaTransformerTranslationPipeline",
+        "impl": "pipeline_vanilla_transformer.VanillaTransformerTranslationPipeline",
         "pt": ["AutoModelForSeq2SeqLM"],
         "type": "text",
     }
-    assert (
-        "class VanillaTransformerTranslationPipeline("
-        in (checkpoint.path / "modeling_vanilla_transformer.py").read_text()
-    )
+    # the model code does not carry the pipeline: it has its own file, which imports only torch and transformers
+    modeling_code = (checkpoint.path / "modeling_vanilla_transformer.py").read_text()
+    assert "Pipeline" not in modeling_code.replace("pipeline_vanilla_transformer.py", "")
+    pipeline_code = (checkpoint.path / "pipeline_vanilla_transformer.py").read_text()
+    assert "class VanillaTransformerTranslationPipeline(" in pipeline_code
+    assert set(re.findall(r"^(?:from|import) (\w+)", pipeline_code, re.M)) == {"torch", "transformers"}
     generation = json.loads((checkpoint.path / "generation_config.json").read_text())
     assert {key: generation[key] for key in ("decoder_start_token_id", "eos_token_id", "max_new_tokens")} == {
         "decoder_start_token_id": 1,

@@ -1,4 +1,4 @@
-"""The plug-in behaves like a native transformers seq2seq model (issue 2)."""
+"""The plug-in behaves like a native transformers seq2seq model."""
 
 import logging
 import os
@@ -11,6 +11,7 @@ import torch
 from conftest import decode_one_token_at_a_time, tiny_config
 from transformers import AutoModel, AutoModelForSeq2SeqLM, AutoModelForSequenceClassification, GenerationConfig
 from transformers.cache_utils import EncoderDecoderCache
+from transformers.testing_utils import CaptureLogger
 from transformers.utils import logging as hf_logging
 
 from vanilla_transformer import (
@@ -175,7 +176,11 @@ def test_save_load_round_trip(tmp_path, caplog):
     model.save_pretrained(tmp_path)
     files = set(os.listdir(tmp_path))
     assert "model.safetensors" in files and not any(f.endswith((".bin", ".pt", ".pth")) for f in files)
-    assert {"configuration_vanilla_transformer.py", "modeling_vanilla_transformer.py"} <= files
+    assert {
+        "configuration_vanilla_transformer.py",
+        "modeling_vanilla_transformer.py",
+        "pipeline_vanilla_transformer.py",
+    } <= files
 
     hf_logging.enable_propagation()
     try:
@@ -400,11 +405,18 @@ def test_outputs_tuples_embeddings_and_resizing():
     assert model(input_ids=ids, decoder_input_ids=ids).logits.shape[-1] == 80
 
 
-def test_output_attentions_with_sdpa_raises_a_clear_error():
+def test_output_attentions_with_sdpa_warns_and_returns_no_weights():
+    """As Marian and BART: not an error, a one-time warning, None weights and the same logits."""
     model = make_model("sdpa")
-    ids, _ = source_batch()
-    with pytest.raises(ValueError, match="eager"):
-        model(input_ids=ids, decoder_input_ids=ids, output_attentions=True)
+    ids, mask = source_batch()
+    logger = hf_logging.get_logger("vanilla_transformer.modeling_vanilla_transformer")
+    logging.Logger.warning_once.cache_clear()  # warned at most once per process: forget earlier tests' warnings
+    with CaptureLogger(logger) as captured:
+        out = model(input_ids=ids, attention_mask=mask, decoder_input_ids=ids, output_attentions=True)
+    assert "returns no attention weights" in captured.out
+    for attentions in (out.encoder_attentions, out.decoder_attentions, out.cross_attentions):
+        assert len(attentions) == 2 and all(a is None for a in attentions)
+    torch.testing.assert_close(out.logits, model(input_ids=ids, attention_mask=mask, decoder_input_ids=ids).logits)
 
 
 def test_gradient_checkpointing_gives_the_same_gradients():

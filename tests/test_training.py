@@ -1,4 +1,4 @@
-"""Training end to end (issue 7): presets and the paper's recipe, train.py, translate.py, average_checkpoints.py,
+"""Training end to end: presets and the paper's recipe, train.py, translate.py, average_checkpoints.py,
 resuming, data parallel training with Accelerate, and one-line errors before any training."""
 
 import dataclasses
@@ -145,6 +145,18 @@ def test_preset_defaults_yield_to_flags(tmp_path):
 
     _, _, args, _ = train_script.parse_arguments(out + ["--learning_rate", "1e-4", "--preset", "big"])
     assert (args.learning_rate, args.warmup_steps) == (1e-4, 4000)
+
+
+def test_no_pinned_memory_without_an_accelerator(tmp_path, monkeypatch):
+    """On a CPU-only machine the Trainer would warn about pin_memory at every run; a given flag still wins."""
+    monkeypatch.setattr(torch.accelerator, "is_available", lambda: False)
+    _, _, args, _ = train_script.parse_arguments(["--output_dir", str(tmp_path)])
+    assert args.dataloader_pin_memory is False
+    _, _, args, _ = train_script.parse_arguments(["--output_dir", str(tmp_path), "--dataloader_pin_memory", "true"])
+    assert args.dataloader_pin_memory is True
+    monkeypatch.setattr(torch.accelerator, "is_available", lambda: True)
+    _, _, args, _ = train_script.parse_arguments(["--output_dir", str(tmp_path)])
+    assert args.dataloader_pin_memory is True
 
     (tmp_path / "args.json").write_text(json.dumps({"output_dir": str(tmp_path), "warmup_steps": 7}))
     model_args, _, args, _ = train_script.parse_arguments([str(tmp_path / "args.json")])

@@ -16,8 +16,8 @@ from .modeling_vanilla_transformer import (
     VanillaTransformerForSequenceClassification,
     VanillaTransformerModel,
     VanillaTransformerPreTrainedModel,
-    VanillaTransformerTranslationPipeline,
 )
+from .pipeline_vanilla_transformer import VanillaTransformerTranslationPipeline
 
 __version__ = "0.1.0"
 

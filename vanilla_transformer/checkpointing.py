@@ -102,4 +102,33 @@ def last_complete_checkpoint(output_dir: str) -> str | None:
     return None
 
 
-__all__ = ["check_checkpoint", "checkpoint_problem", "last_complete_checkpoint", "list_checkpoint_folders"]
+def load_trained_model(model_dir: str, model_class=None, **kwargs):
+    """``model_class.from_pretrained(model_dir, **kwargs)`` (default ``AutoModelForSeq2SeqLM``) for a *trained* model:
+    a checkpoint that lacks encoder or decoder weights is refused. ``from_pretrained`` itself, as everywhere in
+    transformers, starts missing weights from ``_init_weights`` and only reports them, which is right for a new task
+    head but leaves a silently untrained model where translations were asked for. A missing task head (e.g. a
+    classification head on a translation checkpoint) is allowed."""
+    if model_class is None:
+        from transformers import AutoModelForSeq2SeqLM as model_class
+    model, info = model_class.from_pretrained(model_dir, output_loading_info=True, **kwargs)
+    prefix = f"{model.base_model_prefix}."
+    missing = sorted(k for k in info["missing_keys"] if k.removeprefix(prefix).split(".")[0] in _MODEL_BODY)
+    if missing:
+        shown = ", ".join(missing[:3]) + (f" and {len(missing) - 3} more" if len(missing) > 3 else "")
+        raise OSError(
+            f"The checkpoint {model_dir!r} lacks {len(missing)} encoder/decoder weight(s) ({shown}): the weights file "
+            "is incomplete or belongs to another model. Re-save or re-download it; to start from random weights on "
+            "purpose, build the model from its config instead."
+        )
+    return model
+
+
+_MODEL_BODY = ("shared", "encoder", "decoder")
+
+__all__ = [
+    "check_checkpoint",
+    "checkpoint_problem",
+    "last_complete_checkpoint",
+    "list_checkpoint_folders",
+    "load_trained_model",
+]

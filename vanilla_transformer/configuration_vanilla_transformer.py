@@ -11,7 +11,7 @@ INIT_SCHEMES = ("normal", "xavier")
 
 # Every config, hence every saved config.json, names all the Auto classes of the plug-in and the translation pipeline,
 # so that a checkpoint loads as any of them, and translates with `pipeline("translation", trust_remote_code=True)`,
-# where this package is not installed. The class names are those of the two files saved next to the weights.
+# where this package is not installed. The class names are those of the three files saved next to the weights.
 HUB_AUTO_MAP = {
     "AutoConfig": "configuration_vanilla_transformer.VanillaTransformerConfig",
     "AutoModel": "modeling_vanilla_transformer.VanillaTransformerModel",
@@ -20,7 +20,7 @@ HUB_AUTO_MAP = {
 }
 HUB_CUSTOM_PIPELINES = {
     "translation": {
-        "impl": "modeling_vanilla_transformer.VanillaTransformerTranslationPipeline",
+        "impl": "pipeline_vanilla_transformer.VanillaTransformerTranslationPipeline",
         "pt": ["AutoModelForSeq2SeqLM"],
         "type": "text",
     }
@@ -32,6 +32,9 @@ def _with_hub_defaults(kwargs: dict) -> dict:
     auto_map = {**HUB_AUTO_MAP, **(kwargs.get("auto_map") or {})}
     pipelines = kwargs.get("custom_pipelines") or HUB_CUSTOM_PIPELINES
     custom_pipelines = {task: dict(info) for task, info in pipelines.items()}
+    if custom_pipelines.get("translation", {}).get("impl", "").startswith("modeling_vanilla_transformer."):
+        # saved when the pipeline lived in the modeling file; it has its own file now
+        custom_pipelines["translation"] = dict(HUB_CUSTOM_PIPELINES["translation"])
     return {**kwargs, "auto_map": auto_map, "custom_pipelines": custom_pipelines}
 
 

@@ -322,8 +322,9 @@ def _decoding(generation: dict) -> str:
 def _usage(repo_id: str, example: str) -> str:
     return f"""## Usage
 
-The repository holds the model code (`configuration_vanilla_transformer.py`, `modeling_vanilla_transformer.py`), so it
-loads with plain transformers and `trust_remote_code=True`; nothing else needs to be installed:
+The repository holds the model code (`configuration_vanilla_transformer.py`, `modeling_vanilla_transformer.py`) and
+the translation pipeline (`pipeline_vanilla_transformer.py`), so it loads with plain transformers and
+`trust_remote_code=True`; nothing else needs to be installed:
 
 ```python
 from transformers import AutoModelForSeq2SeqLM, AutoTokenizer

@@ -5,6 +5,8 @@ imports only torch, transformers and its sibling configuration file.
 """
 
 import math
+import os
+import shutil
 from collections.abc import Callable
 
 import torch
@@ -24,7 +26,6 @@ from transformers.modeling_outputs import (
     Seq2SeqSequenceClassifierOutput,
 )
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS, PreTrainedModel
-from transformers.pipelines import Pipeline
 from transformers.utils import can_return_tuple, logging
 from transformers.utils.deprecation import deprecate_kwarg
 
@@ -334,26 +335,13 @@ class VanillaTransformerPreTrainedModel(PreTrainedModel):
             init.ones_(module.weight)
             init.zeros_(module.bias)
 
-    @classmethod
-    def from_pretrained(cls, *args, **kwargs):
-        """As in transformers, but a checkpoint that lacks encoder or decoder weights is refused: transformers would
-        initialise them at random and only log a report, leaving a silently untrained model. A missing task head
-        (e.g. a classification head on a translation checkpoint) stays a logged warning, as fine-tuning expects."""
-        output_loading_info = kwargs.pop("output_loading_info", False)
-        model, info = super().from_pretrained(*args, output_loading_info=True, **kwargs)
-        body = ("shared", "encoder", "decoder")
-        missing = sorted(
-            k for k in info["missing_keys"] if k.removeprefix(f"{cls.base_model_prefix}.").split(".")[0] in body
-        )
-        if missing:
-            shown = ", ".join(missing[:3]) + (f" and {len(missing) - 3} more" if len(missing) > 3 else "")
-            raise OSError(
-                f"The checkpoint {args[0] if args else kwargs.get('pretrained_model_name_or_path')!r} lacks "
-                f"{len(missing)} encoder/decoder weight(s) ({shown}): the weights file is incomplete or belongs to "
-                "another model. Re-save or re-download it; to start from random weights on purpose, build the model "
-                "from its config instead."
-            )
-        return (model, info) if output_loading_info else model
+    def save_pretrained(self, save_directory, *args, **kwargs) -> None:
+        """As in transformers, plus the translation pipeline's source file, which config.json declares
+        (``custom_pipelines``): a checkpoint then serves ``pipeline(..., trust_remote_code=True)`` on its own."""
+        super().save_pretrained(save_directory, *args, **kwargs)
+        pipeline_code = os.path.join(os.path.dirname(os.path.abspath(__file__)), "pipeline_vanilla_transformer.py")
+        if os.path.isfile(pipeline_code) and kwargs.get("is_main_process", True):
+            shutil.copy(pipeline_code, save_directory)
 
 
 def _embed_positions(config: VanillaTransformerConfig) -> nn.Module:
@@ -389,7 +377,7 @@ class Encoder(nn.Module):
         output_attentions = _resolve(output_attentions, self.config.output_attentions)
         output_hidden_states = _resolve(output_hidden_states, self.config.output_hidden_states)
         return_dict = _resolve(return_dict, self.config.return_dict)
-        _check_output_attentions(self.config, output_attentions)
+        _warn_if_no_attention_weights(self.config, output_attentions)
         if (input_ids is None) == (inputs_embeds is None):
             raise ValueError("Pass exactly one of `input_ids` or `inputs_embeds` to the encoder.")
         _check_inputs(self.config, input_ids, inputs_embeds, attention_mask)
@@ -454,7 +442,7 @@ class Decoder(nn.Module):
         output_hidden_states = _resolve(output_hidden_states, self.config.output_hidden_states)
         return_dict = _resolve(return_dict, self.config.return_dict)
         use_cache = _resolve(use_cache, self.config.use_cache)
-        _check_output_attentions(self.config, output_attentions)
+        _warn_if_no_attention_weights(self.config, output_attentions)
         if (input_ids is None) == (inputs_embeds is None):
             raise ValueError("Pass exactly one of `decoder_input_ids` or `decoder_inputs_embeds` to the decoder.")
         past_length = cache.get_seq_length() if cache is not None else 0
@@ -530,12 +518,14 @@ def _resolve(value, default):
     return default if value is None else value
 
 
-def _check_output_attentions(config: VanillaTransformerConfig, output_attentions: bool) -> None:
+def _warn_if_no_attention_weights(config: VanillaTransformerConfig, output_attentions: bool) -> None:
+    # As Marian and BART in transformers 5: only the eager function returns weights; the others give None, with a
+    # warning rather than an error, so that tooling which asks for every output keeps working.
     if output_attentions and config._attn_implementation != "eager":
-        raise ValueError(
-            f"output_attentions=True needs the eager attention, which returns weights; this model uses "
-            f"attn_implementation={config._attn_implementation!r}. Load it with attn_implementation='eager' or call "
-            "model.set_attn_implementation('eager')."
+        logger.warning_once(
+            f"output_attentions=True: attn_implementation={config._attn_implementation!r} returns no attention weights "
+            "(the attentions are None); load the model with attn_implementation='eager' or call "
+            "model.set_attn_implementation('eager') to get them."
         )
 
 
@@ -976,94 +966,9 @@ class VanillaTransformerForSequenceClassification(VanillaTransformerPreTrainedMo
 # `custom_pipelines` (see configuration_vanilla_transformer.py), so that
 # `pipeline("translation", model=path_or_repo_id, trust_remote_code=True)` builds it from the copy of this file that
 # is saved with the weights, with or without this package installed.
-class VanillaTransformerTranslationPipeline(Pipeline):
-    """Translates text with a sequence-to-sequence model, like the ``"translation"`` pipeline of transformers 4.
-
-    Example:
-        >>> translator = pipeline("translation", model="user/vanilla-transformer-en-de", trust_remote_code=True)
-        >>> translator("A small test.")
-        [{'translation_text': '...'}]
-        >>> translator(["One.", "Two."], batch_size=2, num_beams=4)  # one dict per sentence
-        [{'translation_text': '...'}, {'translation_text': '...'}]
-
-    Generation parameters (``num_beams``, ``max_new_tokens``, ...) given at construction or call go to ``generate()``,
-    on top of the checkpoint's ``generation_config.json``. ``return_tensors=True`` adds the generated ids as
-    ``"translation_token_ids"``; ``truncation=True`` cuts inputs longer than the tokenizer's ``model_max_length``.
-    """
-
-    _pipeline_calls_generate = True
-    _load_processor = False
-    _load_image_processor = False
-    _load_feature_extractor = False
-    _load_tokenizer = True
-
-    def _sanitize_parameters(
-        self,
-        truncation: bool | None = None,
-        return_tensors: bool | None = None,
-        return_text: bool | None = None,
-        clean_up_tokenization_spaces: bool | None = None,
-        **generate_kwargs,
-    ):
-        preprocess_params = {} if truncation is None else {"truncation": truncation}
-        postprocess_params = {}
-        if return_tensors is not None:
-            postprocess_params["return_tensors"] = return_tensors
-        if return_text is not None:
-            postprocess_params["return_text"] = return_text
-        if clean_up_tokenization_spaces is not None:
-            postprocess_params["clean_up_tokenization_spaces"] = clean_up_tokenization_spaces
-        if getattr(self, "assistant_model", None) is not None:
-            generate_kwargs["assistant_model"] = self.assistant_model
-        return preprocess_params, generate_kwargs, postprocess_params
-
-    def __call__(self, inputs, **kwargs):
-        """Translate a string (returns a list of dicts, one per returned sequence) or a list of strings (returns one
-        dict per string, or one list per string when ``num_return_sequences`` > 1)."""
-        result = super().__call__(inputs, **kwargs)
-        if isinstance(inputs, list) and all(isinstance(records, list) and len(records) == 1 for records in result):
-            return [records[0] for records in result]
-        return result
-
-    def preprocess(self, text: str, truncation: bool = False) -> dict[str, torch.Tensor]:
-        if not isinstance(text, str):
-            raise TypeError(
-                f"The translation pipeline translates str or list[str] inputs; got {type(text).__name__}: {text!r}."
-            )
-        encoding = self.tokenizer(text, truncation=truncation, return_tensors="pt", return_token_type_ids=False)
-        return {"input_ids": encoding["input_ids"], "attention_mask": encoding["attention_mask"]}
-
-    def _forward(self, model_inputs: dict[str, torch.Tensor], **generate_kwargs) -> dict[str, torch.Tensor]:
-        batch_size = model_inputs["input_ids"].shape[0]
-        generate_kwargs = self._prepare_generate_kwargs(generate_kwargs, return_dict_in_generate=False)
-        output_ids = self.model.generate(**model_inputs, **generate_kwargs)
-        # (batch * num_return_sequences, len) -> (batch, num_return_sequences, len): the pipeline unbatches dim 0
-        return {"output_ids": output_ids.reshape(batch_size, -1, output_ids.shape[-1])}
-
-    def postprocess(
-        self,
-        model_outputs: dict[str, torch.Tensor],
-        return_tensors: bool = False,
-        return_text: bool = True,
-        clean_up_tokenization_spaces: bool = False,
-    ) -> list[dict]:
-        records = []
-        for output_ids in model_outputs["output_ids"][0]:
-            record = {}
-            if return_tensors:
-                record["translation_token_ids"] = output_ids
-            if return_text:
-                record["translation_text"] = self.tokenizer.decode(
-                    output_ids, skip_special_tokens=True, clean_up_tokenization_spaces=clean_up_tokenization_spaces
-                )
-            records.append(record)
-        return records
-
-
 __all__ = [
     "VanillaTransformerPreTrainedModel",
     "VanillaTransformerModel",
     "VanillaTransformerForConditionalGeneration",
     "VanillaTransformerForSequenceClassification",
-    "VanillaTransformerTranslationPipeline",
 ]
