@@ -406,16 +406,15 @@ def test_outputs_tuples_embeddings_and_resizing():
 
 
 def test_output_attentions_with_sdpa_warns_and_returns_no_weights():
-    """As Marian and BART: not an error, a one-time warning, None weights and the same logits."""
+    """As Marian and BART: not an error but transformers' one-time sdpa warning, no weights, the same logits."""
     model = make_model("sdpa")
     ids, mask = source_batch()
-    logger = hf_logging.get_logger("vanilla_transformer.modeling_vanilla_transformer")
+    logger = hf_logging.get_logger("transformers.integrations.sdpa_attention")
     logging.Logger.warning_once.cache_clear()  # warned at most once per process: forget earlier tests' warnings
     with CaptureLogger(logger) as captured:
         out = model(input_ids=ids, attention_mask=mask, decoder_input_ids=ids, output_attentions=True)
-    assert "returns no attention weights" in captured.out
-    for attentions in (out.encoder_attentions, out.decoder_attentions, out.cross_attentions):
-        assert len(attentions) == 2 and all(a is None for a in attentions)
+    assert "does not support `output_attentions=True`" in captured.out
+    assert out.encoder_attentions == out.decoder_attentions == out.cross_attentions == ()
     torch.testing.assert_close(out.logits, model(input_ids=ids, attention_mask=mask, decoder_input_ids=ids).logits)
 
 

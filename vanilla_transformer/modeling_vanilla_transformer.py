@@ -26,8 +26,11 @@ from transformers.modeling_outputs import (
     Seq2SeqSequenceClassifierOutput,
 )
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS, PreTrainedModel
-from transformers.utils import can_return_tuple, logging
+from transformers.processing_utils import Unpack
+from transformers.utils import TransformersKwargs, can_return_tuple, logging
 from transformers.utils.deprecation import deprecate_kwarg
+from transformers.utils.generic import merge_with_config_defaults
+from transformers.utils.output_capturing import OutputRecorder, capture_outputs
 
 from .configuration_vanilla_transformer import VanillaTransformerConfig
 
@@ -72,20 +75,8 @@ class SinusoidalPositionalEncoding(nn.Module):
 
 
 class LearnedPositionalEmbedding(nn.Embedding):
-    """Learned positional embeddings, the variant the paper compares in Table 3 row (E)."""
-
-    def forward(self, position_ids: torch.Tensor) -> torch.Tensor:
-        if (
-            not torch.compiler.is_compiling()
-            and position_ids.numel()
-            and int(position_ids.max()) >= self.num_embeddings
-        ):
-            raise ValueError(
-                f"Sequence too long: position {int(position_ids.max())} needs more than "
-                f"max_position_embeddings={self.num_embeddings} learned positions; shorten the input or use "
-                "position_embedding_type='sinusoidal', which extends to any length."
-            )
-        return super().forward(position_ids)
+    """Learned positional embeddings, the variant the paper compares in Table 3 row (E). `embed` refuses a sequence
+    longer than the table with a clear error."""
 
 
 def scaled_dot_product_attention(
@@ -249,14 +240,13 @@ class EncoderLayer(GradientCheckpointingLayer):
 
     def forward(
         self, hidden_states: torch.Tensor, attention_mask: torch.Tensor | None = None, **kwargs
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        attn_output, attn_weights = self.self_attn(
+    ) -> torch.Tensor:
+        attn_output, _ = self.self_attn(
             self.self_attn_norm.sublayer_input(hidden_states), attention_mask=attention_mask, **kwargs
         )
         hidden_states = self.self_attn_norm(hidden_states, attn_output)
         ffn_output = self.feed_forward(self.feed_forward_norm.sublayer_input(hidden_states))
-        hidden_states = self.feed_forward_norm(hidden_states, ffn_output)
-        return hidden_states, attn_weights
+        return self.feed_forward_norm(hidden_states, ffn_output)
 
 
 class DecoderLayer(GradientCheckpointingLayer):
@@ -281,12 +271,12 @@ class DecoderLayer(GradientCheckpointingLayer):
         encoder_attention_mask: torch.Tensor | None = None,
         cache: Cache | None = None,
         **kwargs,
-    ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
-        attn_output, self_attn_weights = self.self_attn(
+    ) -> torch.Tensor:
+        attn_output, _ = self.self_attn(
             self.self_attn_norm.sublayer_input(hidden_states), attention_mask=attention_mask, cache=cache, **kwargs
         )
         hidden_states = self.self_attn_norm(hidden_states, attn_output)
-        attn_output, cross_attn_weights = self.encoder_attn(
+        attn_output, _ = self.encoder_attn(
             self.encoder_attn_norm.sublayer_input(hidden_states),
             attention_mask=encoder_attention_mask,
             key_value_states=encoder_hidden_states,
@@ -295,8 +285,7 @@ class DecoderLayer(GradientCheckpointingLayer):
         )
         hidden_states = self.encoder_attn_norm(hidden_states, attn_output)
         ffn_output = self.feed_forward(self.feed_forward_norm.sublayer_input(hidden_states))
-        hidden_states = self.feed_forward_norm(hidden_states, ffn_output)
-        return hidden_states, self_attn_weights, cross_attn_weights
+        return self.feed_forward_norm(hidden_states, ffn_output)
 
 
 class VanillaTransformerPreTrainedModel(PreTrainedModel):
@@ -350,79 +339,84 @@ def _embed_positions(config: VanillaTransformerConfig) -> nn.Module:
     return SinusoidalPositionalEncoding(config.d_model)
 
 
-class Encoder(nn.Module):
+def embed(
+    stack: "Encoder | Decoder", input_ids: torch.Tensor | None, inputs_embeds: torch.Tensor | None, past: int = 0
+):
+    """The input of either stack (§3.4, §3.5): token embeddings × √d_model + positional encodings, then dropout (§5.4).
+    ``past`` tokens are already in the decoder's cache, so the new ones take the positions after them."""
+    if inputs_embeds is None:
+        inputs_embeds = stack.embed_tokens(input_ids)
+    length = inputs_embeds.shape[1]
+    if stack.config.position_embedding_type == "learned" and past + length > stack.config.max_position_embeddings:
+        raise ValueError(
+            f"Sequence too long: position {past + length - 1} needs more than max_position_embeddings="
+            f"{stack.config.max_position_embeddings} learned positions; shorten the input or use "
+            "position_embedding_type='sinusoidal', which extends to any length."
+        )
+    positions = stack.embed_positions(torch.arange(past, past + length, device=inputs_embeds.device))
+    hidden_states = inputs_embeds * stack.embed_scale + positions.to(inputs_embeds.dtype)
+    return F.dropout(hidden_states, p=stack.config.dropout, training=stack.training)
+
+
+class Encoder(VanillaTransformerPreTrainedModel):
     """The encoder: embeddings × √d_model + positional encoding, then a stack of N EncoderLayers (§3.1, §3.4, §3.5)."""
 
+    # output_hidden_states / output_attentions are recorded by hooks on these modules (transformers' output capturing)
+    _can_record_outputs = {"hidden_states": EncoderLayer, "attentions": MultiHeadAttention}
+
     def __init__(self, config: VanillaTransformerConfig, embed_tokens: nn.Embedding):
-        super().__init__()
-        self.config = config
+        super().__init__(config)
         self.embed_tokens = embed_tokens
         self.embed_scale = math.sqrt(config.d_model) if config.scale_embedding else 1.0
         self.embed_positions = _embed_positions(config)
-        self.dropout = config.dropout
         self.layers = nn.ModuleList(EncoderLayer(config, i) for i in range(config.encoder_layers))
         self.layer_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps) if config.normalize_before else None
         self.gradient_checkpointing = False
+        self.post_init()
 
+    @merge_with_config_defaults
+    @capture_outputs
     def forward(
         self,
         input_ids: torch.LongTensor | None = None,
         attention_mask: torch.Tensor | None = None,
         inputs_embeds: torch.Tensor | None = None,
-        output_attentions: bool | None = None,
-        output_hidden_states: bool | None = None,
-        return_dict: bool | None = None,
-        **kwargs,
-    ) -> BaseModelOutput | tuple:
-        output_attentions = _resolve(output_attentions, self.config.output_attentions)
-        output_hidden_states = _resolve(output_hidden_states, self.config.output_hidden_states)
-        return_dict = _resolve(return_dict, self.config.return_dict)
-        _warn_if_no_attention_weights(self.config, output_attentions)
+        **kwargs: Unpack[TransformersKwargs],
+    ) -> BaseModelOutput:
         if (input_ids is None) == (inputs_embeds is None):
             raise ValueError("Pass exactly one of `input_ids` or `inputs_embeds` to the encoder.")
         _check_inputs(self.config, input_ids, inputs_embeds, attention_mask)
-        if inputs_embeds is None:
-            inputs_embeds = self.embed_tokens(input_ids)
-        positions = torch.arange(inputs_embeds.shape[1], device=inputs_embeds.device)
-        hidden_states = inputs_embeds * self.embed_scale + self.embed_positions(positions).to(inputs_embeds.dtype)
-        hidden_states = F.dropout(hidden_states, p=self.dropout, training=self.training)
-
+        hidden_states = embed(self, input_ids, inputs_embeds)
         # built once for all layers: None (nothing padded, sdpa) or (batch, 1, src_len, src_len)
-        mask = create_bidirectional_mask(config=self.config, inputs_embeds=inputs_embeds, attention_mask=attention_mask)
-
-        all_hidden_states = () if output_hidden_states else None
-        all_attentions = () if output_attentions else None
+        mask = create_bidirectional_mask(config=self.config, inputs_embeds=hidden_states, attention_mask=attention_mask)
         for layer in self.layers:
-            if output_hidden_states:
-                all_hidden_states += (hidden_states,)
-            hidden_states, attn_weights = layer(hidden_states, mask, **kwargs)
-            if output_attentions:
-                all_attentions += (attn_weights,)
+            hidden_states = layer(hidden_states, mask, **kwargs)
         if self.layer_norm is not None:
             hidden_states = self.layer_norm(hidden_states)
-        if output_hidden_states:
-            all_hidden_states += (hidden_states,)
-
-        output = BaseModelOutput(
-            last_hidden_state=hidden_states, hidden_states=all_hidden_states, attentions=all_attentions
-        )
-        return output if return_dict else output.to_tuple()
+        return BaseModelOutput(last_hidden_state=hidden_states)
 
 
-class Decoder(nn.Module):
+class Decoder(VanillaTransformerPreTrainedModel):
     """The decoder: target embeddings + positions, then N DecoderLayers attending to the encoder output (§3.1)."""
 
+    _can_record_outputs = {
+        "hidden_states": DecoderLayer,
+        "attentions": OutputRecorder(MultiHeadAttention, index=1, layer_name="self_attn"),
+        "cross_attentions": OutputRecorder(MultiHeadAttention, index=1, layer_name="encoder_attn"),
+    }
+
     def __init__(self, config: VanillaTransformerConfig, embed_tokens: nn.Embedding):
-        super().__init__()
-        self.config = config
+        super().__init__(config)
         self.embed_tokens = embed_tokens
         self.embed_scale = math.sqrt(config.d_model) if config.scale_embedding else 1.0
         self.embed_positions = _embed_positions(config)
-        self.dropout = config.dropout
         self.layers = nn.ModuleList(DecoderLayer(config, i) for i in range(config.decoder_layers))
         self.layer_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps) if config.normalize_before else None
         self.gradient_checkpointing = False
+        self.post_init()
 
+    @merge_with_config_defaults
+    @capture_outputs
     @deprecate_kwarg("past_key_values", "5.40.0", new_name="cache")
     def forward(
         self,
@@ -433,16 +427,8 @@ class Decoder(nn.Module):
         cache: Cache | None = None,
         inputs_embeds: torch.Tensor | None = None,
         use_cache: bool | None = None,
-        output_attentions: bool | None = None,
-        output_hidden_states: bool | None = None,
-        return_dict: bool | None = None,
-        **kwargs,
-    ) -> BaseModelOutputWithPastAndCrossAttentions | tuple:
-        output_attentions = _resolve(output_attentions, self.config.output_attentions)
-        output_hidden_states = _resolve(output_hidden_states, self.config.output_hidden_states)
-        return_dict = _resolve(return_dict, self.config.return_dict)
-        use_cache = _resolve(use_cache, self.config.use_cache)
-        _warn_if_no_attention_weights(self.config, output_attentions)
+        **kwargs: Unpack[TransformersKwargs],
+    ) -> BaseModelOutputWithPastAndCrossAttentions:
         if (input_ids is None) == (inputs_embeds is None):
             raise ValueError("Pass exactly one of `decoder_input_ids` or `decoder_inputs_embeds` to the decoder.")
         past_length = cache.get_seq_length() if cache is not None else 0
@@ -456,39 +442,25 @@ class Decoder(nn.Module):
             encoder_hidden_states=encoder_hidden_states,
             encoder_attention_mask=encoder_attention_mask,
         )
-        if inputs_embeds is None:
-            inputs_embeds = self.embed_tokens(input_ids)
-        if self.gradient_checkpointing and self.training and use_cache:
-            use_cache = False  # the recomputed forward would write the cache twice
         if use_cache and cache is None:
             cache = EncoderDecoderCache(DynamicCache(config=self.config), DynamicCache(config=self.config))
-
-        tgt_len = inputs_embeds.shape[1]
-        positions = torch.arange(tgt_len, device=inputs_embeds.device) + past_length
-        hidden_states = inputs_embeds * self.embed_scale + self.embed_positions(positions).to(inputs_embeds.dtype)
-        hidden_states = F.dropout(hidden_states, p=self.dropout, training=self.training)
+        hidden_states = embed(self, input_ids, inputs_embeds, past=past_length)
 
         # Masks are built once for all layers. Self-attention: causal (§3.2.3, "masking out all values ... which
         # correspond to illegal connections") and target padding; None when sdpa can use is_causal instead.
         self_attn_cache = cache.self_attention_cache if isinstance(cache, EncoderDecoderCache) else cache
         causal_mask = create_causal_mask(
-            config=self.config, inputs_embeds=inputs_embeds, attention_mask=attention_mask, cache=self_attn_cache
+            config=self.config, inputs_embeds=hidden_states, attention_mask=attention_mask, cache=self_attn_cache
         )
         # Encoder-decoder attention: the source padding only.
         cross_mask = create_bidirectional_mask(
             config=self.config,
-            inputs_embeds=inputs_embeds,
+            inputs_embeds=hidden_states,
             attention_mask=encoder_attention_mask,
             encoder_hidden_states=encoder_hidden_states,
         )
-
-        all_hidden_states = () if output_hidden_states else None
-        all_self_attns = () if output_attentions else None
-        all_cross_attns = () if output_attentions else None
         for layer in self.layers:
-            if output_hidden_states:
-                all_hidden_states += (hidden_states,)
-            hidden_states, self_attn, cross_attn = layer(
+            hidden_states = layer(
                 hidden_states,
                 causal_mask,
                 encoder_hidden_states,  # positional, so gradient checkpointing sees it
@@ -496,36 +468,10 @@ class Decoder(nn.Module):
                 cache=cache if use_cache else None,
                 **kwargs,
             )
-            if output_attentions:
-                all_self_attns += (self_attn,)
-                all_cross_attns += (cross_attn,)
         if self.layer_norm is not None:
             hidden_states = self.layer_norm(hidden_states)
-        if output_hidden_states:
-            all_hidden_states += (hidden_states,)
-
-        output = BaseModelOutputWithPastAndCrossAttentions(
-            last_hidden_state=hidden_states,
-            cache=cache if use_cache else None,
-            hidden_states=all_hidden_states,
-            attentions=all_self_attns,
-            cross_attentions=all_cross_attns,
-        )
-        return output if return_dict else output.to_tuple()
-
-
-def _resolve(value, default):
-    return default if value is None else value
-
-
-def _warn_if_no_attention_weights(config: VanillaTransformerConfig, output_attentions: bool) -> None:
-    # As Marian and BART in transformers 5: only the eager function returns weights; the others give None, with a
-    # warning rather than an error, so that tooling which asks for every output keeps working.
-    if output_attentions and config._attn_implementation != "eager":
-        logger.warning_once(
-            f"output_attentions=True: attn_implementation={config._attn_implementation!r} returns no attention weights "
-            "(the attentions are None); load the model with attn_implementation='eager' or call "
-            "model.set_attn_implementation('eager') to get them."
+        return BaseModelOutputWithPastAndCrossAttentions(
+            last_hidden_state=hidden_states, cache=cache if use_cache else None
         )
 
 
@@ -650,18 +596,11 @@ class VanillaTransformerModel(VanillaTransformerPreTrainedModel):
         inputs_embeds: torch.Tensor | None = None,
         decoder_inputs_embeds: torch.Tensor | None = None,
         use_cache: bool | None = None,
-        output_attentions: bool | None = None,
-        output_hidden_states: bool | None = None,
-        **kwargs,
+        **kwargs: Unpack[TransformersKwargs],
     ) -> Seq2SeqModelOutput:
         if encoder_outputs is None:
             encoder_outputs = self.encoder(
-                input_ids=input_ids,
-                attention_mask=attention_mask,
-                inputs_embeds=inputs_embeds,
-                output_attentions=output_attentions,
-                output_hidden_states=output_hidden_states,
-                return_dict=True,
+                input_ids=input_ids, attention_mask=attention_mask, inputs_embeds=inputs_embeds, **kwargs
             )
         elif not isinstance(encoder_outputs, BaseModelOutput):
             encoder_outputs = BaseModelOutput(
@@ -687,9 +626,7 @@ class VanillaTransformerModel(VanillaTransformerPreTrainedModel):
             cache=cache,
             inputs_embeds=decoder_inputs_embeds,
             use_cache=use_cache,
-            output_attentions=output_attentions,
-            output_hidden_states=output_hidden_states,
-            return_dict=True,
+            **kwargs,
         )
         return Seq2SeqModelOutput(
             last_hidden_state=decoder_outputs.last_hidden_state,
@@ -810,10 +747,8 @@ class VanillaTransformerForConditionalGeneration(VanillaTransformerPreTrainedMod
         decoder_inputs_embeds: torch.Tensor | None = None,
         labels: torch.LongTensor | None = None,
         use_cache: bool | None = None,
-        output_attentions: bool | None = None,
-        output_hidden_states: bool | None = None,
         num_items_in_batch: int | torch.Tensor | None = None,
-        **kwargs,
+        **kwargs: Unpack[TransformersKwargs],
     ) -> Seq2SeqLMOutput:
         r"""num_items_in_batch: the number of labelled tokens in the whole (accumulated) batch, passed by Trainer, so
         that the loss summed over micro-batches is the mean over that batch whatever the accumulation."""
@@ -832,9 +767,7 @@ class VanillaTransformerForConditionalGeneration(VanillaTransformerPreTrainedMod
             inputs_embeds=inputs_embeds,
             decoder_inputs_embeds=decoder_inputs_embeds,
             use_cache=use_cache,
-            output_attentions=output_attentions,
-            output_hidden_states=output_hidden_states,
-            return_dict=True,
+            **kwargs,
         )
         logits = self.lm_head(outputs.last_hidden_state)  # (batch, tgt_len, target vocab)
 
@@ -905,9 +838,7 @@ class VanillaTransformerForSequenceClassification(VanillaTransformerPreTrainedMo
         decoder_input_ids: torch.LongTensor | None = None,
         decoder_attention_mask: torch.Tensor | None = None,
         labels: torch.Tensor | None = None,
-        output_attentions: bool | None = None,
-        output_hidden_states: bool | None = None,
-        **kwargs,
+        **kwargs: Unpack[TransformersKwargs],
     ) -> Seq2SeqSequenceClassifierOutput:
         if input_ids is None:
             raise ValueError("Sequence classification needs `input_ids`: the eos token marks the sentence end.")
@@ -924,8 +855,7 @@ class VanillaTransformerForSequenceClassification(VanillaTransformerPreTrainedMo
             decoder_input_ids=decoder_input_ids,
             decoder_attention_mask=decoder_attention_mask,
             use_cache=False,
-            output_attentions=output_attentions,
-            output_hidden_states=output_hidden_states,
+            **kwargs,
         )
         # index of each row's last eos: (batch,)
         positions = torch.arange(input_ids.shape[1], device=input_ids.device)
@@ -933,22 +863,7 @@ class VanillaTransformerForSequenceClassification(VanillaTransformerPreTrainedMo
         sentence = outputs.last_hidden_state[torch.arange(input_ids.shape[0], device=input_ids.device), last_eos]
         logits = self.classification_head(sentence)  # (batch, num_labels)
 
-        loss = None
-        if labels is not None:
-            labels = labels.to(logits.device)
-            if self.config.problem_type is None:
-                if self.config.num_labels == 1:
-                    self.config.problem_type = "regression"
-                elif labels.dtype in (torch.long, torch.int):
-                    self.config.problem_type = "single_label_classification"
-                else:
-                    self.config.problem_type = "multi_label_classification"
-            if self.config.problem_type == "regression":
-                loss = F.mse_loss(logits.squeeze(-1), labels.squeeze(-1).to(logits.dtype))
-            elif self.config.problem_type == "single_label_classification":
-                loss = F.cross_entropy(logits.view(-1, self.config.num_labels), labels.view(-1))
-            else:
-                loss = F.binary_cross_entropy_with_logits(logits, labels.to(logits.dtype))
+        loss = None if labels is None else self.loss_function(labels=labels, pooled_logits=logits, config=self.config)
 
         return Seq2SeqSequenceClassifierOutput(
             loss=loss,
@@ -962,10 +877,6 @@ class VanillaTransformerForSequenceClassification(VanillaTransformerPreTrainedMo
         )
 
 
-# transformers 5 removed the "translation" and "text2text-generation" pipelines. Every config declares this class in
-# `custom_pipelines` (see configuration_vanilla_transformer.py), so that
-# `pipeline("translation", model=path_or_repo_id, trust_remote_code=True)` builds it from the copy of this file that
-# is saved with the weights, with or without this package installed.
 __all__ = [
     "VanillaTransformerPreTrainedModel",
     "VanillaTransformerModel",
