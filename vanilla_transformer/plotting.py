@@ -86,6 +86,12 @@ def translate_with_attention(
     """
     if not text or not text.strip():
         raise ValueError("text is empty; give a sentence to translate.")
+    if model.config._attn_implementation != "eager":
+        raise ValueError(
+            f"the attention weights need the eager attention, which returns them; this model uses "
+            f"attn_implementation={model.config._attn_implementation!r}. Load it with attn_implementation='eager' or "
+            "call model.set_attn_implementation('eager')."
+        )
     model.eval()
     device = model.device
     encoded = tokenizer(text, return_tensors="pt")
