@@ -5,12 +5,22 @@ import os
 import subprocess
 import sys
 import textwrap
+from unittest.mock import patch
 
 import pytest
 import torch
 from conftest import decode_one_token_at_a_time, tiny_config
-from transformers import AutoModel, AutoModelForSeq2SeqLM, AutoModelForSequenceClassification, GenerationConfig
+from transformers import (
+    AttentionInterface,
+    AutoModel,
+    AutoModelForSeq2SeqLM,
+    AutoModelForSequenceClassification,
+    CompileConfig,
+    GenerationConfig,
+)
 from transformers.cache_utils import EncoderDecoderCache
+from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 from transformers.testing_utils import CaptureLogger
 from transformers.utils import logging as hf_logging
 
@@ -20,6 +30,7 @@ from vanilla_transformer import (
     VanillaTransformerForSequenceClassification,
     VanillaTransformerModel,
 )
+from vanilla_transformer import modeling_vanilla_transformer as modeling
 from vanilla_transformer.modeling_vanilla_transformer import SinusoidalPositionalEncoding
 
 
@@ -375,6 +386,64 @@ def test_static_cache_generation_matches_dynamic():
     common = dict(input_ids=ids, attention_mask=mask, max_new_tokens=8, min_new_tokens=8)
     static = model.generate(**common, cache_implementation="static")
     assert torch.equal(static, model.generate(**common))
+
+
+def test_compiles_as_one_graph_for_a_forward_and_a_static_cache_generate():
+    """`_can_compile_fullgraph`: torch.compile(fullgraph=True) traces without a graph break (the eager backend: the
+    tracing is what is tested, not the code generation), and generate's compiled static-cache decoding gives the same
+    tokens as the dynamic cache."""
+    model = make_model()
+    ids, mask = source_batch()
+    decoder_ids = torch.randint(3, 64, (3, 5))
+    compiled = torch.compile(model, fullgraph=True, backend="eager")
+    with torch.no_grad():
+        expected = model(input_ids=ids, attention_mask=mask, decoder_input_ids=decoder_ids).logits
+        torch.testing.assert_close(
+            compiled(input_ids=ids, attention_mask=mask, decoder_input_ids=decoder_ids).logits, expected
+        )
+    config = CompileConfig(fullgraph=True, backend="eager")
+    config._compile_all_devices = True  # transformers compiles generate's decoding step only on GPUs otherwise
+    common = dict(input_ids=ids, attention_mask=mask, max_new_tokens=6, min_new_tokens=6)
+    with patch.object(torch, "compile", wraps=torch.compile) as compile_calls:
+        static = model.generate(**common, cache_implementation="static", compile_config=config)
+    assert compile_calls.call_args.kwargs["fullgraph"] is True
+    assert torch.equal(static, model.generate(**common))
+
+
+def test_attention_backend_kwargs_reach_the_attention_function():
+    """`_supports_attention_backend`: a function registered with transformers' AttentionInterface is used by every
+    attention module, and keyword arguments given to the model's forward reach it."""
+    calls = []
+
+    def recording_attention(module, query, key, value, attention_mask, **kwargs):
+        calls.append((module.is_causal, module.is_cross_attention, kwargs.get("backend_option")))
+        return ALL_ATTENTION_FUNCTIONS["sdpa"](module, query, key, value, attention_mask, **kwargs)
+
+    AttentionInterface.register("recording", recording_attention)
+    AttentionMaskInterface.register("recording", sdpa_mask)  # the masks sdpa takes, as it delegates to sdpa
+    model = make_model()
+    ids, mask = source_batch()
+    expected = model(input_ids=ids, attention_mask=mask, decoder_input_ids=ids).logits
+    model.set_attn_implementation("recording")
+    logits = model(input_ids=ids, attention_mask=mask, decoder_input_ids=ids, backend_option="seen").logits
+    torch.testing.assert_close(logits, expected)
+    # 2 encoder layers (self), 2 decoder layers (causal self and cross)
+    assert sorted(calls) == sorted([(False, False, "seen")] * 2 + [(True, False, "seen"), (False, True, "seen")] * 2)
+
+
+def test_decoding_steps_read_no_id_values_on_an_accelerator(monkeypatch):
+    """Reading the id range costs a device sync on a GPU; during generate it happens where the ids enter (the source
+    and the first decoder step), never once per generated token. CPU stands in for an accelerator here."""
+    model = make_model()
+    ids, mask = source_batch()
+    reads = []
+    monkeypatch.setattr(torch, "aminmax", lambda t, *a, _aminmax=torch.aminmax, **k: reads.append(1) or _aminmax(t))
+    model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=8, min_new_tokens=8)
+    on_cpu = len(reads)
+    reads.clear()
+    monkeypatch.setattr(modeling, "_HOST_DEVICES", ())
+    model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=8, min_new_tokens=8)
+    assert on_cpu == 1 + 8 and len(reads) == 2  # CPU: every step; accelerator: the source and the first step
 
 
 # ---------------------------------------------------------------- API surface

@@ -126,7 +126,7 @@ class MultiHeadAttention(nn.Module):
         self.head_dim = config.d_model // num_heads
         self.scaling = self.head_dim**-0.5  # 1 / √d_k
         self.dropout = config.attention_dropout
-        # Read by transformers' sdpa/flash interfaces: encoder and cross-attention must say False explicitly, since
+        # Read by transformers' attention interfaces: encoder and cross-attention must say False explicitly, since
         # the interface assumes causal attention when no mask is given.
         self.is_causal = is_causal
         self.is_cross_attention = is_cross_attention
@@ -173,7 +173,7 @@ class MultiHeadAttention(nn.Module):
                 self_cache = cache.self_attention_cache if isinstance(cache, EncoderDecoderCache) else cache
                 key, value = self_cache.update(key, value, self.layer_idx)
 
-        # "eager" is the paper's equation below; "sdpa" (the default), flash and flex come from transformers
+        # "eager" is the paper's equation; "sdpa" (the default) and any registered function come from transformers
         attention_interface: Callable = ALL_ATTENTION_FUNCTIONS.get_interface(
             self.config._attn_implementation, scaled_dot_product_attention
         )
@@ -294,9 +294,8 @@ class VanillaTransformerPreTrainedModel(PreTrainedModel):
     base_model_prefix = "model"
     supports_gradient_checkpointing = True
     _no_split_modules = ["EncoderLayer", "DecoderLayer"]
-    _supports_flash_attn = True
+    # Declared only what the tests run (on CPU): on a GPU, sdpa itself dispatches to FlashAttention kernels
     _supports_sdpa = True
-    _supports_flex_attn = True
     _supports_attention_backend = True
     _can_compile_fullgraph = True
 
@@ -346,14 +345,15 @@ def embed(
     ``past`` tokens are already in the decoder's cache, so the new ones take the positions after them."""
     if inputs_embeds is None:
         inputs_embeds = stack.embed_tokens(input_ids)
-    length = inputs_embeds.shape[1]
-    if stack.config.position_embedding_type == "learned" and past + length > stack.config.max_position_embeddings:
+    length, max_positions = inputs_embeds.shape[1], stack.config.max_position_embeddings
+    # `past` is a tensor with a static cache: checking it would cost a device sync per decoding step
+    if stack.config.position_embedding_type == "learned" and isinstance(past, int) and past + length > max_positions:
         raise ValueError(
-            f"Sequence too long: position {past + length - 1} needs more than max_position_embeddings="
-            f"{stack.config.max_position_embeddings} learned positions; shorten the input or use "
-            "position_embedding_type='sinusoidal', which extends to any length."
+            f"Sequence too long: position {past + length - 1} needs more than max_position_embeddings={max_positions}"
+            " learned positions; shorten the input or use position_embedding_type='sinusoidal', which extends to any "
+            "length."
         )
-    positions = stack.embed_positions(torch.arange(past, past + length, device=inputs_embeds.device))
+    positions = stack.embed_positions(torch.arange(length, device=inputs_embeds.device) + past)
     hidden_states = inputs_embeds * stack.embed_scale + positions.to(inputs_embeds.dtype)
     return F.dropout(hidden_states, p=stack.config.dropout, training=stack.training)
 
@@ -475,6 +475,9 @@ class Decoder(VanillaTransformerPreTrainedModel):
         )
 
 
+_HOST_DEVICES = ("cpu",)  # reading a tensor's values there costs no device-to-host synchronisation
+
+
 def _check_inputs(
     config: VanillaTransformerConfig,
     input_ids: torch.Tensor | None = None,
@@ -489,7 +492,9 @@ def _check_inputs(
 ) -> None:
     """Turn bad inputs into one clear error (argument, value, what is allowed) instead of an IndexError in the
     embedding, a shape error deep in attention, or a silently misaligned mask. Names are those the user passed to the
-    top-level model. Costs one min/max per id tensor; skipped under torch.compile, whose graphs must not branch on
+    top-level model. Shapes cost nothing; the id range costs one min/max, whose result an accelerator must send to
+    the host, so there it is read where ids enter (the source, labels, a decoder input without a cache) and not at
+    every decoding step, whose ids generate() made. Skipped under torch.compile, whose graphs must not branch on
     tensor values."""
     if torch.compiler.is_compiling():
         return
@@ -504,7 +509,7 @@ def _check_inputs(
             raise ValueError(f"`{name}` must have shape (batch, sequence length), got {tuple(ids.shape)}.")
         if ignore_index is not None:
             ids = ids.masked_fill(ids == ignore_index, 0)
-        if ids.numel() == 0:
+        if ids.numel() == 0 or (past_length and ids.device.type not in _HOST_DEVICES):
             return
         low, high = (int(v) for v in torch.aminmax(ids))
         if low < 0 or high >= vocab_size:
