@@ -55,9 +55,9 @@ def word_tokenizer(words: list[str]) -> PreTrainedTokenizerFast:
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def load_script(name: str):
-    """Import scripts/<name>.py as a module, to call its main() in-process."""
-    spec = importlib.util.spec_from_file_location(name, os.path.join(ROOT, "scripts", f"{name}.py"))
+def load_script(name: str, folder: str = "scripts"):
+    """Import <folder>/<name>.py (scripts/ or benchmarks/) as a module, e.g. to call its main() in-process."""
+    spec = importlib.util.spec_from_file_location(name, os.path.join(ROOT, folder, f"{name}.py"))
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module  # dataclasses with postponed annotations look their module up there
     spec.loader.exec_module(module)
