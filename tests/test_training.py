@@ -23,13 +23,13 @@ from transformers import (
 )
 
 from vanilla_transformer import VanillaTransformerConfig, VanillaTransformerForConditionalGeneration
+from vanilla_transformer.checkpointing import list_checkpoint_folders
 from vanilla_transformer.data import demo_corpus
 from vanilla_transformer.tokenizer import iterate_texts, train_tokenizer
 from vanilla_transformer.training import (
     PRESETS,
     build_config,
     build_trainer,
-    list_checkpoints,
     parse_config_overrides,
     save_averaged_model,
     translate,
@@ -226,7 +226,7 @@ def test_train_translate_average_end_to_end(tmp_path):
     assert (tokenizer.pad_token_id, tokenizer.bos_token_id, tokenizer.eos_token_id, len(tokenizer)) == (0, 1, 2, 300)
     model = AutoModelForSeq2SeqLM.from_pretrained(str(out))
     assert model.config.d_model == 32 and model.config.vocab_size == 300
-    assert [os.path.basename(p) for p in list_checkpoints(str(out))] == ["checkpoint-4", "checkpoint-8"]
+    assert [os.path.basename(p) for p in list_checkpoint_folders(str(out))] == ["checkpoint-8", "checkpoint-4"]
 
     # translate.py: stdin in, translations out in input order, scores on stderr
     sources = ["dreihundertzweiundvierzig", "eins", "neuntausendneunhundertneunundneunzig", "", "siebzehn"]
@@ -284,8 +284,10 @@ def test_average_picks_the_last_checkpoints_by_step_and_is_exact(tmp_path):
                 parameter.fill_(value)
         model.save_pretrained(str(tmp_path / f"checkpoint-{step}"))
     (tmp_path / "checkpoint-300-tmp").mkdir()  # not a checkpoint
-    found = list_checkpoints(str(tmp_path))
+    (tmp_path / "checkpoint-400").write_text("")  # nor is a file
+    found = list_checkpoint_folders(str(tmp_path), oldest_first=True)
     assert [os.path.basename(p) for p in found] == [f"checkpoint-{s}" for s in (10, 20, 50, 100, 200)]
+    assert list_checkpoint_folders(str(tmp_path)) == found[::-1]  # newest first by default
     averaged = save_averaged_model(found[-3:], str(tmp_path / "avg"))
     reloaded = AutoModelForSeq2SeqLM.from_pretrained(str(tmp_path / "avg"))
     for parameters in (averaged.parameters(), reloaded.parameters()):
