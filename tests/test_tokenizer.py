@@ -131,3 +131,5 @@ def test_train_tokenizer_script(tmp_path):
     assert (
         str(info.value.code) == f"train_tokenizer.py: error: --train_file '{tmp_path / 'nope.jsonl'}' does not exist."
     )
+    with pytest.raises(SystemExit, match="--validation_file is not used: the tokenizer learns from the training split"):
+        script.main(["--train_file", str(data), "--validation_file", str(data), "--output_dir", "x"])

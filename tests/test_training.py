@@ -172,7 +172,7 @@ def test_help_documents_every_flag(capsys):
         train_script.main(["--help"])
     assert info.value.code == 0
     text = capsys.readouterr().out
-    for dataclass in (train_script.ModelArguments, train_script.DataArguments):
+    for dataclass in (train_script.ModelArguments, train_script.TrainingDataArguments):
         for f in dataclasses.fields(dataclass):
             assert f.metadata.get("help"), f"--{f.name} has no help"
             assert f"--{f.name}" in text
