@@ -18,7 +18,8 @@ from dataclasses import dataclass, field
 from transformers import HfArgumentParser
 
 import vanilla_transformer  # noqa: F401  (registers the model with the Auto classes)
-from vanilla_transformer.training import list_checkpoints, save_averaged_model
+from vanilla_transformer.checkpointing import list_checkpoint_folders
+from vanilla_transformer.training import save_averaged_model
 
 
 @dataclass
@@ -50,7 +51,7 @@ def main(argv: list[str] | None = None) -> None:
                 raise ValueError(f"--num_checkpoints={args.num_checkpoints} must be at least 1.")
             if not os.path.isdir(args.checkpoint_dir):
                 raise ValueError(f"--checkpoint_dir {args.checkpoint_dir!r} is not a folder.")
-            found = list_checkpoints(args.checkpoint_dir)
+            found = list_checkpoint_folders(args.checkpoint_dir, oldest_first=True)
             if len(found) < args.num_checkpoints:
                 raise ValueError(
                     f"--num_checkpoints={args.num_checkpoints} but {args.checkpoint_dir!r} holds {len(found)} "

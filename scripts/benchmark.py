@@ -5,7 +5,8 @@
     python scripts/benchmark.py                              # small and base, every row (about 15 minutes on 1 thread)
     python scripts/benchmark.py --profile --sizes small base # torch.profiler tables instead of the benchmark
 
-Prints a Markdown table (medians; ratio = median of per-pair ratios vanilla / Marian) and writes it all as JSON.
+Prints a Markdown table (medians; ratio = median of per-pair ratios vanilla / Marian) and writes it all as JSON. The
+measurements themselves are in benchmarks/speed.py.
 """
 
 import argparse
@@ -15,9 +16,10 @@ import sys
 import time
 from dataclasses import dataclass, field
 
-from transformers import HfArgumentParser
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
 
-from vanilla_transformer.benchmark import BenchmarkSettings, format_table, profile_models, run_benchmark
+from speed import BenchmarkSettings, format_table, profile_models, run_benchmark  # noqa: E402
+from transformers import HfArgumentParser  # noqa: E402
 
 
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from transformers import AutoTokenizer, HfArgumentParser
 
 from vanilla_transformer.batching import TokenBatchSampler, padding_efficiency, sentence_batches, sequence_lengths
-from vanilla_transformer.data import DataError, load_raw_datasets, tokenize_splits
+from vanilla_transformer.data import DataArguments, DataError, select_samples, tokenize_splits
 from vanilla_transformer.tokenizer import iterate_texts, train_tokenizer
 
 
@@ -47,11 +47,6 @@ class PaddingArguments:
         default=None, metadata={"help": "Round every padded length up to a multiple of this (train.py: 8 with fp16)."}
     )
     seed: int = field(default=42, metadata={"help": "Seed of the sentence order and of the tie-breaking."})
-    dataset_name: str | None = field(default=None, metadata={"help": "A `datasets` dataset instead of the demo."})
-    dataset_config_name: str | None = field(default=None, metadata={"help": "Its configuration."})
-    train_file: str | None = field(default=None, metadata={"help": "Training pairs (.jsonl or .tsv)."})
-    source_lang: str | None = field(default=None, metadata={"help": "Source language (demo: de)."})
-    target_lang: str | None = field(default=None, metadata={"help": "Target language (demo: en)."})
 
 
 def measure(batches: list[list[int]], source: list[int], target: list[int], multiple: int | None) -> dict:
@@ -71,22 +66,17 @@ def measure(batches: list[list[int]], source: list[int], target: list[int], mult
 
 
 def main(argv: list[str] | None = None) -> list[dict]:
-    parser = HfArgumentParser(PaddingArguments, description=__doc__, formatter_class=HelpFormatter)
-    (args,) = parser.parse_args_into_dataclasses(args=argv)
+    parser = HfArgumentParser((PaddingArguments, DataArguments), description=__doc__, formatter_class=HelpFormatter)
+    args, data_args = parser.parse_args_into_dataclasses(args=argv)
     for name in ("max_tokens_per_batch", "batch_size"):
         bad = [value for value in getattr(args, name) if value <= 0]
         if bad:
             parser.error(f"--{name} {bad[0]} is invalid; it must be a positive integer.")
     try:
-        raw, source_lang, target_lang = load_raw_datasets(
-            source_lang=args.source_lang,
-            target_lang=args.target_lang,
-            dataset_name=args.dataset_name,
-            dataset_config_name=args.dataset_config_name,
-            train_file=args.train_file,
-        )
+        raw, source_lang, target_lang = data_args.load()
         if args.split not in raw:
             raise DataError(f"--split {args.split!r} is not in the data, which has {list(raw)}.")
+        raw = select_samples(raw, data_args.max_samples())
         raw = {args.split: raw[args.split]}
         if args.tokenizer_name:
             tokenizer = AutoTokenizer.from_pretrained(args.tokenizer_name)

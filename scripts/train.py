@@ -39,7 +39,7 @@ from transformers import AutoTokenizer, HfArgumentParser, set_seed
 
 from vanilla_transformer import VanillaTransformerForConditionalGeneration
 from vanilla_transformer.checkpointing import check_checkpoint, last_complete_checkpoint, load_trained_model
-from vanilla_transformer.data import DataError, load_raw_datasets, select_samples, tokenize_splits
+from vanilla_transformer.data import DataArguments, DataError, select_samples, tokenize_splits
 from vanilla_transformer.time_budget import UNLIMITED_STEPS, find_time_budget, format_duration
 from vanilla_transformer.tokenizer import check_tokenizer_matches_config, iterate_texts, train_tokenizer
 from vanilla_transformer.training import (
@@ -96,21 +96,9 @@ class ModelArguments:
 
 
 @dataclass
-class DataArguments:
-    """Which parallel data to train and evaluate on; none given = the built-in demo corpus."""
+class TrainingDataArguments(DataArguments):
+    """Which parallel data to train and evaluate on (none given = the built-in demo corpus), and how it is filtered."""
 
-    dataset_name: str | None = field(
-        default=None, metadata={"help": "A `datasets` translation dataset (Hub name or local folder), e.g. wmt16."}
-    )
-    dataset_config_name: str | None = field(default=None, metadata={"help": "Its configuration, e.g. de-en."})
-    train_file: str | None = field(
-        default=None,
-        metadata={"help": "Training pairs: .jsonl ({'translation': {lang: text}} per line) or .tsv (header: langs)."},
-    )
-    validation_file: str | None = field(default=None, metadata={"help": "Validation pairs (same formats)."})
-    test_file: str | None = field(default=None, metadata={"help": "Test pairs (same formats)."})
-    source_lang: str | None = field(default=None, metadata={"help": "Source language code, e.g. de (demo: de)."})
-    target_lang: str | None = field(default=None, metadata={"help": "Target language code, e.g. en (demo: en)."})
     max_source_length: int | None = field(
         default=None,
         metadata={"help": "Longest source in tokens (eos included); longer pairs are dropped. Default: the preset's."},
@@ -119,14 +107,8 @@ class DataArguments:
         default=None,
         metadata={"help": "Longest target in tokens (eos included); longer pairs are dropped. Default: the preset's."},
     )
-    max_train_samples: int | None = field(default=None, metadata={"help": "Use only the first N training pairs."})
-    max_eval_samples: int | None = field(default=None, metadata={"help": "Use only the first N validation pairs."})
-    max_predict_samples: int | None = field(default=None, metadata={"help": "Use only the first N test pairs."})
     preprocessing_num_workers: int | None = field(default=None, metadata={"help": "Processes for tokenisation."})
     overwrite_cache: bool = field(default=False, metadata={"help": "Tokenise again instead of using the cache."})
-
-    def has_own_data(self) -> bool:
-        return any((self.dataset_name, self.train_file, self.validation_file, self.test_file))
 
 
 def given_flags(argv: list[str]) -> set[str]:
@@ -134,10 +116,12 @@ def given_flags(argv: list[str]) -> set[str]:
     return {arg[2:].split("=", 1)[0].replace("-", "_") for arg in argv if arg.startswith("--")}
 
 
-def parse_arguments(argv: list[str]) -> tuple[ModelArguments, DataArguments, TranslationTrainingArguments, bool]:
+def parse_arguments(
+    argv: list[str],
+) -> tuple[ModelArguments, TrainingDataArguments, TranslationTrainingArguments, bool]:
     """Parse with the preset's training defaults in place; returns the three dataclasses and whether the do_* flags
     were chosen automatically (all three, for the splits that exist)."""
-    parser = HfArgumentParser((ModelArguments, DataArguments, TranslationTrainingArguments))
+    parser = HfArgumentParser((ModelArguments, TrainingDataArguments, TranslationTrainingArguments))
     from_json = len(argv) == 1 and argv[0].endswith(".json")
     if from_json:
         with open(argv[0]) as f:
@@ -149,7 +133,7 @@ def parse_arguments(argv: list[str]) -> tuple[ModelArguments, DataArguments, Tra
         parser.parse_args_into_dataclasses(argv)  # prints the help and exits
 
     # first pass: the model and data arguments decide the preset, whose defaults the full parse then uses
-    pre_parser = HfArgumentParser((ModelArguments, DataArguments), add_help=False)
+    pre_parser = HfArgumentParser((ModelArguments, TrainingDataArguments), add_help=False)
     if from_json:
         model_args, data_args = pre_parser.parse_dict(values, allow_extra_keys=True)
     else:
@@ -283,16 +267,7 @@ def main(argv: list[str] | None = None, callbacks=None) -> dict:
     # Everything that can be wrong with the arguments or the data is found here, before any training.
     try:
         checkpoint = resolve_checkpoint(training_args)
-        raw, source_lang, target_lang = load_raw_datasets(
-            source_lang=data_args.source_lang,
-            target_lang=data_args.target_lang,
-            dataset_name=data_args.dataset_name,
-            dataset_config_name=data_args.dataset_config_name,
-            train_file=data_args.train_file,
-            validation_file=data_args.validation_file,
-            test_file=data_args.test_file,
-            cache_dir=model_args.cache_dir,
-        )
+        raw, source_lang, target_lang = data_args.load(cache_dir=model_args.cache_dir)
         for flag, split in (("--do_train", "train"), ("--do_eval", "validation"), ("--do_predict", "test")):
             wanted = getattr(training_args, flag[2:])
             if wanted and split not in raw:
@@ -308,14 +283,7 @@ def main(argv: list[str] | None = None, callbacks=None) -> dict:
             "test": training_args.do_predict,
         }
         raw = DatasetDict({split: dataset for split, dataset in raw.items() if needed[split]})
-        raw = select_samples(
-            raw,
-            {
-                "train": data_args.max_train_samples,
-                "validation": data_args.max_eval_samples,
-                "test": data_args.max_predict_samples,
-            },
-        )
+        raw = select_samples(raw, data_args.max_samples())
         if not training_args.do_train and model_args.model_name_or_path is None:
             raise DataError("evaluating without training needs a trained model: pass --model_name_or_path.")
         tokenizer, tokenizer_source = load_tokenizer(

@@ -17,43 +17,33 @@ from dataclasses import dataclass, field
 
 from transformers import HfArgumentParser
 
-from vanilla_transformer.data import DataError, load_raw_datasets, select_samples
+from vanilla_transformer.data import DataArguments, DataError, select_samples
 from vanilla_transformer.tokenizer import iterate_texts, train_tokenizer
+
+# Data flags that name other splits: the tokenizer learns from the training split only
+NOT_USED = ("validation_file", "test_file", "max_eval_samples", "max_predict_samples")
 
 
 @dataclass
 class TokenizerArguments:
     output_dir: str = field(metadata={"help": "Where to save the tokenizer (tokenizer.json, tokenizer_config.json)."})
-    dataset_name: str | None = field(default=None, metadata={"help": "A `datasets` translation dataset, e.g. wmt16."})
-    dataset_config_name: str | None = field(default=None, metadata={"help": "Its configuration, e.g. de-en."})
-    train_file: str | None = field(
-        default=None, metadata={"help": "Training pairs: .jsonl ({'translation': {lang: text}}) or .tsv (header)."}
-    )
-    source_lang: str | None = field(default=None, metadata={"help": "Source language code (demo: de)."})
-    target_lang: str | None = field(default=None, metadata={"help": "Target language code (demo: en)."})
     vocab_size: int = field(
         default=37000, metadata={"help": "Vocabulary size, special tokens and 256 bytes included (the paper: 37000)."}
     )
     min_frequency: int = field(default=2, metadata={"help": "Merge only pairs seen at least this often."})
     model_max_length: int = field(default=1024, metadata={"help": "The tokenizer's model_max_length."})
-    max_train_samples: int | None = field(default=None, metadata={"help": "Train on the first N pairs only."})
     cache_dir: str | None = field(default=None, metadata={"help": "Where `datasets` caches downloaded data."})
 
 
 def main(argv: list[str] | None = None) -> None:
-    (args,) = HfArgumentParser(TokenizerArguments).parse_args_into_dataclasses(argv)
+    args, data_args = HfArgumentParser((TokenizerArguments, DataArguments)).parse_args_into_dataclasses(argv)
     try:
-        raw, source_lang, target_lang = load_raw_datasets(
-            source_lang=args.source_lang,
-            target_lang=args.target_lang,
-            dataset_name=args.dataset_name,
-            dataset_config_name=args.dataset_config_name,
-            train_file=args.train_file,
-            cache_dir=args.cache_dir,
-        )
+        if unused := [name for name in NOT_USED if getattr(data_args, name) is not None]:
+            raise DataError(f"--{unused[0]} is not used: the tokenizer learns from the training split only.")
+        raw, source_lang, target_lang = data_args.load(cache_dir=args.cache_dir)
         if "train" not in raw:
             raise DataError(f"the data has no train split (only {list(raw)}).")
-        train = select_samples(raw, {"train": args.max_train_samples})["train"]
+        train = select_samples(raw, {"train": data_args.max_train_samples})["train"]
         tokenizer = train_tokenizer(
             iterate_texts(train, source_lang, target_lang),
             vocab_size=args.vocab_size,

@@ -1,6 +1,11 @@
+"""Helpers shared by the tests: tiny configs, models and tokenizers, loading and running the scripts, one CPU thread."""
+
+import contextlib
 import importlib.util
 import os
+import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -10,7 +15,15 @@ from transformers import PreTrainedTokenizerFast
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-from vanilla_transformer import VanillaTransformerConfig  # noqa: E402
+from vanilla_transformer import VanillaTransformerConfig, VanillaTransformerForConditionalGeneration  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# --config_overrides of the scripts' end-to-end tests: a 1+1-layer, d_model 32 model
+TINY_OVERRIDES = (
+    "d_model=32,encoder_layers=1,decoder_layers=1,encoder_attention_heads=2,decoder_attention_heads=2,"
+    "encoder_ffn_dim=64,decoder_ffn_dim=64"
+)
 
 
 def tiny_config(**overrides) -> VanillaTransformerConfig:
@@ -30,14 +43,40 @@ def tiny_config(**overrides) -> VanillaTransformerConfig:
     return VanillaTransformerConfig(**values)
 
 
-@pytest.fixture
-def config() -> VanillaTransformerConfig:
-    return tiny_config()
+def tiny_model(
+    attn_implementation: str | None = None, dtype: torch.dtype | None = None, **overrides
+) -> VanillaTransformerForConditionalGeneration:
+    """A fresh model of ``tiny_config(**overrides)`` in eval mode, optionally with another attention implementation
+    and dtype."""
+    model = VanillaTransformerForConditionalGeneration(tiny_config(**overrides))
+    if attn_implementation is not None:
+        model.set_attn_implementation(attn_implementation)
+    if dtype is not None:
+        model = model.to(dtype)
+    return model.eval()
 
 
 @pytest.fixture(autouse=True)
 def _seed():
     torch.manual_seed(0)
+
+
+@contextlib.contextmanager
+def single_thread():
+    """torch on one intra-op thread: the models are tiny, and on a CPU shared with other work a second thread only
+    adds contention (a step can get 10-30x slower); one thread everywhere also keeps the numbers comparable."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
+@pytest.fixture
+def one_thread():
+    with single_thread():
+        yield
 
 
 def word_tokenizer(words: list[str]) -> PreTrainedTokenizerFast:
@@ -52,16 +91,36 @@ def word_tokenizer(words: list[str]) -> PreTrainedTokenizerFast:
     )
 
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def load_script(name: str):
-    """Import scripts/<name>.py as a module, to call its main() in-process."""
-    spec = importlib.util.spec_from_file_location(name, os.path.join(ROOT, "scripts", f"{name}.py"))
+def load_script(name: str, folder: str = "scripts"):
+    """Import <folder>/<name>.py (scripts/ or benchmarks/) as a module, e.g. to call its main() in-process."""
+    spec = importlib.util.spec_from_file_location(name, ROOT / folder / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module  # dataclasses with postponed annotations look their module up there
     spec.loader.exec_module(module)
     return module
+
+
+def script_env(tmp_path) -> dict[str, str]:
+    """The environment of a script run in a subprocess: offline, its own datasets cache, one thread."""
+    return dict(
+        os.environ,
+        HF_HUB_OFFLINE="1",
+        HF_DATASETS_OFFLINE="1",
+        HF_DATASETS_CACHE=str(tmp_path / "datasets-cache"),
+        TOKENIZERS_PARALLELISM="false",
+        OMP_NUM_THREADS="1",
+    )
+
+
+def run_script(name: str, args: list[str], tmp_path, **kwargs) -> subprocess.CompletedProcess:
+    """Run scripts/<name>.py in a subprocess with ``script_env``; its output is captured as text."""
+    return subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / f"{name}.py"), *args],
+        capture_output=True,
+        text=True,
+        env=script_env(tmp_path),
+        **kwargs,
+    )
 
 
 def decode_one_token_at_a_time(model, input_ids, attention_mask, decoder_input_ids) -> tuple[torch.Tensor, object]:

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 import pytest
 import torch
-from conftest import load_script, tiny_config, word_tokenizer
+from conftest import load_script, tiny_model, word_tokenizer
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from transformers import DataCollatorForSeq2Seq, Seq2SeqTrainingArguments
@@ -63,20 +63,9 @@ def recording_collator(tokenizer) -> RecordingCollator:
     return collator
 
 
-def tiny_model(tokenizer) -> VanillaTransformerForConditionalGeneration:
+def model_for(tokenizer) -> VanillaTransformerForConditionalGeneration:
     torch.manual_seed(0)
-    return VanillaTransformerForConditionalGeneration(
-        tiny_config(vocab_size=len(tokenizer), encoder_attention_heads=2, decoder_attention_heads=2)
-    )
-
-
-@pytest.fixture
-def one_thread():
-    # Tiny matrices: with other work on the 2 cores, a second intra-op thread makes a step 10-30x slower.
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+    return tiny_model(vocab_size=len(tokenizer), encoder_attention_heads=2, decoder_attention_heads=2)
 
 
 def training_args(output_dir, **overrides) -> Seq2SeqTrainingArguments:
@@ -239,7 +228,7 @@ def test_trainer_trains_on_token_batches_with_gradient_accumulation(tmp_path, on
     collator = recording_collator(tokenizer)
     max_tokens = 48
     trainer = TokenBatchingSeq2SeqTrainer(
-        model=tiny_model(tokenizer),
+        model=model_for(tokenizer),
         args=training_args(tmp_path, gradient_accumulation_steps=2, num_train_epochs=2),
         train_dataset=datasets.Dataset.from_list(pairs),
         data_collator=collator,
@@ -264,7 +253,7 @@ def test_trainer_trains_on_token_batches_with_gradient_accumulation(tmp_path, on
 
     # without max_tokens_per_batch it is the plain Seq2SeqTrainer
     plain = TokenBatchingSeq2SeqTrainer(
-        model=tiny_model(tokenizer), args=training_args(tmp_path), train_dataset=pairs, data_collator=collator
+        model=model_for(tokenizer), args=training_args(tmp_path), train_dataset=pairs, data_collator=collator
     )
     assert len(plain.get_train_dataloader()) == -(-len(pairs) // 4)
 
@@ -279,14 +268,14 @@ def test_the_budget_can_come_from_the_training_arguments(tmp_path):
     pairs = tokenized_pairs(tokenizer, 30)
     args = ArgumentsWithTokenBudget(output_dir=str(tmp_path), use_cpu=True, report_to=[], max_tokens_per_batch=32)
     trainer = TokenBatchingSeq2SeqTrainer(
-        model=tiny_model(tokenizer), args=args, train_dataset=pairs, data_collator=recording_collator(tokenizer)
+        model=model_for(tokenizer), args=args, train_dataset=pairs, data_collator=recording_collator(tokenizer)
     )
     assert trainer.max_tokens_per_batch == 32
     loader = trainer.get_train_dataloader()
     assert isinstance(loader.batch_sampler, TokenBatchSampler) and loader.batch_sampler.max_tokens == 32
     args.max_tokens_per_batch = 0
     with pytest.raises(ValueError, match="max_tokens_per_batch=0 is invalid"):
-        TokenBatchingSeq2SeqTrainer(model=tiny_model(tokenizer), args=args, train_dataset=pairs)
+        TokenBatchingSeq2SeqTrainer(model=model_for(tokenizer), args=args, train_dataset=pairs)
 
 
 def test_token_batching_pads_less_than_sentence_batching_on_the_demo_corpus():
@@ -334,7 +323,7 @@ def _distributed_worker(output_dir: str) -> None:
     pairs = tokenized_pairs(tokenizer, 63)  # they pack into 19 batches: one must be halved for 2 equal shares
     collator = recording_collator(tokenizer)
     trainer = TokenBatchingSeq2SeqTrainer(
-        model=tiny_model(tokenizer),
+        model=model_for(tokenizer),
         args=training_args(output_dir, gradient_accumulation_steps=2, num_train_epochs=2),
         train_dataset=pairs,
         data_collator=collator,

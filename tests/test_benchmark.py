@@ -1,57 +1,41 @@
-"""The benchmark runs end to end at a tiny size and its FLOP formula counts what the models really multiply.
+"""The benchmark (benchmarks/speed.py, run by scripts/benchmark.py) runs end to end at a tiny size and its FLOP
+formula counts what the models really multiply.
 
-No timing is asserted here: speed figures live in scripts/benchmark.py and docs/performance.md.
+No timing is asserted here: speed figures live in docs/performance.md.
 """
 
-import importlib.util
 import json
 import math
-from pathlib import Path
 
 import pytest
 import torch
+from conftest import load_script
 from torch.utils.flop_counter import FlopCounterMode
 
-from vanilla_transformer import benchmark
-from vanilla_transformer.benchmark import (
-    MODELS,
-    BenchmarkSettings,
-    build_model,
-    measure_memory,
-    training_batch,
-    training_flops,
-)
+speed = load_script("speed", folder="benchmarks")
 
-SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "benchmark.py"
 TINY = ["--sizes", "tiny", "--pairs", "1", "--warmup", "0", "--memory_rounds", "1", "--memory_steps", "1"]
 TINY += ["--train_batch_size", "2", "--train_src_len", "6", "--train_tgt_len", "5"]
 TINY += ["--gen_batch_size", "2", "--gen_src_len", "5", "--new_tokens", "3", "--num_beams", "2", "--gemm_size", "64"]
 
 
-def load_script():
-    spec = importlib.util.spec_from_file_location("benchmark_script", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-@pytest.mark.parametrize("name", MODELS)
+@pytest.mark.parametrize("name", speed.MODELS)
 def test_training_flop_formula_matches_the_counted_matmuls(name):
     # eager attention runs on plain matmuls, which FlopCounterMode counts (it has no rule for the CPU sdpa kernel)
-    settings = BenchmarkSettings(
+    settings = speed.BenchmarkSettings(
         sizes=["tiny"], attn_implementation="eager", train_batch_size=3, train_src_len=7, train_tgt_len=5
     )
-    model = build_model(name, "tiny", settings).train()
-    batch = training_batch("tiny", settings)
+    model = speed.build_model(name, "tiny", settings).train()
+    batch = speed.training_batch("tiny", settings)
     with FlopCounterMode(display=False) as counter:
         model(**batch).loss.backward()
-    assert counter.get_total_flops() == training_flops("tiny", 3, 7, 5)
+    assert counter.get_total_flops() == speed.training_flops("tiny", 3, 7, 5)
 
 
 def test_tiny_run_prints_a_table_and_writes_json(tmp_path, capsys):
     output_file = tmp_path / "bench.json"
     rows = ["train", "greedy", "beam", "train_bf16"]
-    load_script().main([*TINY, "--rows", *rows, "--output_file", str(output_file)])
+    load_script("benchmark").main([*TINY, "--rows", *rows, "--output_file", str(output_file)])
 
     results = json.loads(output_file.read_text())
     assert [entry["row"] for entry in results["rows"]] == rows
@@ -69,8 +53,10 @@ def test_tiny_run_prints_a_table_and_writes_json(tmp_path, capsys):
 
 
 def test_memory_subprocess_reports_the_peak_of_its_training_steps():
-    settings = BenchmarkSettings(sizes=["tiny"], memory_steps=1, train_batch_size=2, train_src_len=6, train_tgt_len=5)
-    run = measure_memory("tiny", "vanilla", settings)
+    settings = speed.BenchmarkSettings(
+        sizes=["tiny"], memory_steps=1, train_batch_size=2, train_src_len=6, train_tgt_len=5
+    )
+    run = speed.measure_memory("tiny", "vanilla", settings)
     assert run["method"] == "VmHWM after reset"  # Linux: the high-water mark is reset once the model is built
     assert run["peak_mib"] > run["baseline_mib"] > 0  # a training step allocates gradients and optimizer state
 
@@ -82,22 +68,20 @@ def test_memory_row_takes_medians_and_the_median_of_per_round_ratios(monkeypatch
         peak = next(peaks[name])
         return {"model": name, "method": "fake", "peak_mib": peak, "baseline_mib": 100.0, "increase_mib": peak - 100}
 
-    monkeypatch.setattr(benchmark, "measure_memory", fake_measure)
-    row = benchmark.memory_row("tiny", BenchmarkSettings(memory_rounds=3))
+    monkeypatch.setattr(speed, "measure_memory", fake_measure)
+    row = speed.memory_row("tiny", speed.BenchmarkSettings(memory_rounds=3))
     assert (row["vanilla"], row["marian"]) == (30.0, 100.0)  # medians of the increases 10/30/50 and 100/20/200
     assert row["ratio"] == 0.25  # median of 10/100, 30/20, 50/200: not the ratio of the medians (0.3)
     assert row["higher_is_better"] is False and row["peak_ratio"] == 0.55  # median of 110/200, 130/120, 150/300
 
 
 def test_generation_rows_produce_exactly_the_asked_tokens():
-    settings = BenchmarkSettings(sizes=["tiny"], gen_batch_size=2, gen_src_len=4, new_tokens=6)
-    from vanilla_transformer.benchmark import generation_call, generation_inputs
-
-    inputs = generation_inputs("tiny", settings)
-    for name in MODELS:
-        model = build_model(name, "tiny", settings).eval()
+    settings = speed.BenchmarkSettings(sizes=["tiny"], gen_batch_size=2, gen_src_len=4, new_tokens=6)
+    inputs = speed.generation_inputs("tiny", settings)
+    for name in speed.MODELS:
+        model = speed.build_model(name, "tiny", settings).eval()
         for beams in (1, 3):
-            tokens = generation_call(model, inputs, settings, num_beams=beams)()
+            tokens = speed.generation_call(model, inputs, settings, num_beams=beams)()
             assert tokens.shape == (2, 1 + 6), (name, beams)  # the start token, then exactly new_tokens
 
 
@@ -107,15 +91,13 @@ def test_generation_rows_produce_exactly_the_asked_tokens():
 )
 def test_bad_arguments_name_the_flag(flag, value, message):
     with pytest.raises(ValueError, match=message):
-        load_script().main([flag, value])
+        load_script("benchmark").main([flag, value])
 
 
 def test_bf16_autocast_training_step_is_finite_on_cpu():
-    settings = BenchmarkSettings(sizes=["tiny"], train_batch_size=2, train_src_len=4, train_tgt_len=4)
-    from vanilla_transformer.benchmark import training_step
-
-    model = build_model("vanilla", "tiny", settings).train()
+    settings = speed.BenchmarkSettings(sizes=["tiny"], train_batch_size=2, train_src_len=4, train_tgt_len=4)
+    model = speed.build_model("vanilla", "tiny", settings).train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    loss = training_step(model, optimizer, training_batch("tiny", settings), settings, dtype="bf16")()
+    loss = speed.training_step(model, optimizer, speed.training_batch("tiny", settings), settings, dtype="bf16")()
     assert torch.isfinite(loss)
     assert all(parameter.dtype == torch.float32 for parameter in model.parameters())  # autocast keeps fp32 weights

@@ -1,20 +1,11 @@
 """The real-data benchmark's tools: the .mo corpus builder (on catalogs the test writes) and the paired bootstrap."""
 
-import importlib.util
 import json
 import struct
 from pathlib import Path
 
 import pytest
-
-BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
-
-
-def load(name: str):
-    spec = importlib.util.spec_from_file_location(name, BENCHMARKS / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+from conftest import load_script
 
 
 def write_mo(path: Path, messages: dict[str, str]) -> None:
@@ -38,7 +29,7 @@ def write_mo(path: Path, messages: dict[str, str]) -> None:
 
 @pytest.fixture
 def corpus_module():
-    return load("build_mo_corpus")
+    return load_script("build_mo_corpus", folder="benchmarks")
 
 
 def test_read_mo_round_trips_messages_plurals_and_contexts(tmp_path, corpus_module):
@@ -114,7 +105,7 @@ def test_builder_refuses_the_reserved_german_catalogs(tmp_path, corpus_module):
 
 
 def test_paired_bootstrap_finds_a_real_gain_and_no_gain_between_equals():
-    compare = load("compare")
+    compare = load_script("compare", folder="benchmarks")
     references = [f"the cat number {i} sat on the mat" for i in range(200)]
     worse = [f"a cat {i} sat mat" for i in range(200)]
     result = compare.paired_bootstrap(references, worse, references, n_samples=200)

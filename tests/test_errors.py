@@ -8,20 +8,14 @@ from pathlib import Path
 import pytest
 import safetensors.torch
 import torch
-from conftest import tiny_config
-from tokenizers import Tokenizer, models, pre_tokenizers
-from transformers import AutoConfig, AutoModelForSeq2SeqLM, PreTrainedTokenizerFast
+from conftest import ROOT, tiny_config, tiny_model, word_tokenizer
+from transformers import AutoConfig, AutoModelForSeq2SeqLM
 
 from vanilla_transformer import VanillaTransformerForConditionalGeneration
 from vanilla_transformer.checkpointing import load_trained_model
 from vanilla_transformer.checks import check_tokenizer_matches_config
 
-ROOT = Path(__file__).resolve().parents[1]
 VOCAB = 64  # tiny_config's vocab_size
-
-
-def make_model(**overrides) -> VanillaTransformerForConditionalGeneration:
-    return VanillaTransformerForConditionalGeneration(tiny_config(**overrides)).eval()
 
 
 def ids(batch: int = 2, length: int = 5) -> torch.Tensor:
@@ -30,7 +24,7 @@ def ids(batch: int = 2, length: int = 5) -> torch.Tensor:
 
 @pytest.fixture(scope="module")
 def model() -> VanillaTransformerForConditionalGeneration:
-    return make_model()
+    return tiny_model()
 
 
 # ---------------------------------------------------------------- token ids
@@ -58,7 +52,7 @@ def test_labels_may_hold_minus_100_but_no_other_negative(model):
 
 
 def test_separate_target_vocabulary_bounds_decoder_ids():
-    model = make_model(share_encoder_decoder_embeddings=False, decoder_vocab_size=40)
+    model = tiny_model(share_encoder_decoder_embeddings=False, decoder_vocab_size=40)
     model(input_ids=torch.full((1, 3), 60), decoder_input_ids=torch.full((1, 3), 39))  # both in range
     with pytest.raises(ValueError, match=r"`decoder_input_ids` contains the token id 50; .*decoder_vocab_size=40"):
         model(input_ids=torch.full((1, 3), 60), decoder_input_ids=torch.full((1, 3), 50))
@@ -152,14 +146,14 @@ def test_source_and_target_batches_of_different_sizes(model):
 
 
 def test_decoder_start_token_id_unset_when_it_is_needed():
-    model = make_model(decoder_start_token_id=None)
+    model = tiny_model(decoder_start_token_id=None)
     model(input_ids=ids(), decoder_input_ids=ids())  # not needed: the decoder input is given
     with pytest.raises(ValueError, match=r"`config.decoder_start_token_id` is None, but it is needed"):
         model(input_ids=ids(), labels=ids())
 
 
 def test_learned_positions_fail_clearly_past_max_position_embeddings():
-    model = make_model(position_embedding_type="learned", max_position_embeddings=8)
+    model = tiny_model(position_embedding_type="learned", max_position_embeddings=8)
     model(input_ids=ids(1, 8), decoder_input_ids=ids(1, 8))
     with pytest.raises(ValueError, match=r"position 8 needs more than max_position_embeddings=8"):
         model(input_ids=ids(1, 9), decoder_input_ids=ids(1, 2))
@@ -170,7 +164,7 @@ def test_learned_positions_fail_clearly_past_max_position_embeddings():
 
 
 def test_sinusoidal_positions_extend_past_max_position_embeddings():
-    model = make_model(max_position_embeddings=8)
+    model = tiny_model(max_position_embeddings=8)
     logits = model(input_ids=ids(1, 40), decoder_input_ids=ids(1, 40)).logits
     assert logits.shape == (1, 40, VOCAB) and torch.isfinite(logits).all()
     table = model.model.encoder.embed_positions(torch.arange(40))
@@ -202,13 +196,6 @@ def test_config_json_with_an_invalid_value(tmp_path, field, value):
         AutoConfig.from_pretrained(tmp_path)
 
 
-def test_config_json_that_is_not_json(tmp_path):
-    tiny_config().save_pretrained(tmp_path)
-    (tmp_path / "config.json").write_text('{"model_type": "vanilla_transformer", ')
-    with pytest.raises(OSError, match="not a valid JSON file"):
-        AutoConfig.from_pretrained(tmp_path)
-
-
 def _truncate(path: Path, keep: float) -> None:
     data = path.read_bytes()
     path.write_bytes(data[: int(len(data) * keep)])
@@ -233,7 +220,7 @@ def _drop_tensor(path: Path) -> None:
 )
 def test_a_trained_model_with_missing_or_corrupt_weights_is_refused(tmp_path, damage, error, message):
     """Where a trained model is asked for (translate.py, train.py --model_name_or_path, averaging, plots, uploads)."""
-    make_model().save_pretrained(tmp_path)
+    tiny_model().save_pretrained(tmp_path)
     damage(tmp_path / "model.safetensors")
     with pytest.raises(error, match=message):
         load_trained_model(str(tmp_path))
@@ -241,7 +228,7 @@ def test_a_trained_model_with_missing_or_corrupt_weights_is_refused(tmp_path, da
 
 def test_from_pretrained_reports_missing_weights_and_initialises_them(tmp_path):
     """As everywhere in transformers: a load report, never an exception, and fresh weights from _init_weights."""
-    make_model().save_pretrained(tmp_path)
+    tiny_model().save_pretrained(tmp_path)
     path = tmp_path / "model.safetensors"
     tensors = safetensors.torch.load_file(path)
     dropped = [
@@ -262,19 +249,9 @@ def test_a_missing_task_head_is_still_allowed(tmp_path):
     """Fine-tuning a translation checkpoint for classification starts the new head from random, as in transformers."""
     from transformers import AutoModelForSequenceClassification
 
-    make_model().save_pretrained(tmp_path)
+    tiny_model().save_pretrained(tmp_path)
     model, info = AutoModelForSequenceClassification.from_pretrained(tmp_path, output_loading_info=True)
     assert info["missing_keys"] and all(k.startswith("classification_head.") for k in info["missing_keys"])
-
-
-def make_tokenizer(size: int = VOCAB) -> PreTrainedTokenizerFast:
-    specials = ["<pad>", "<s>", "</s>", "<unk>"]
-    vocab = {token: i for i, token in enumerate(specials + [f"w{i}" for i in range(size - len(specials))])}
-    backend = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
-    backend.pre_tokenizer = pre_tokenizers.Whitespace()
-    return PreTrainedTokenizerFast(
-        tokenizer_object=backend, pad_token="<pad>", bos_token="<s>", eos_token="</s>", unk_token="<unk>"
-    )
 
 
 @pytest.mark.parametrize(
@@ -288,7 +265,7 @@ def make_tokenizer(size: int = VOCAB) -> PreTrainedTokenizerFast:
     ],
 )
 def test_tokenizer_whose_ids_disagree_with_the_config(overrides, message):
-    tokenizer = make_tokenizer()
+    tokenizer = word_tokenizer([f"w{i}" for i in range(VOCAB - 4)])  # 64 tokens with the specials
     check_tokenizer_matches_config(tokenizer, tiny_config())  # the matching pair passes
     with pytest.raises(ValueError, match=message):
         check_tokenizer_matches_config(tokenizer, tiny_config(**overrides))
@@ -298,7 +275,7 @@ def test_tokenizer_whose_ids_disagree_with_the_config(overrides, message):
 
 
 def test_only_safetensors_are_written_and_loading_needs_no_remote_code(tmp_path):
-    model = make_model()
+    model = tiny_model()
     model.save_pretrained(tmp_path)
     written = sorted(os.listdir(tmp_path))
     assert "model.safetensors" in written

@@ -7,8 +7,6 @@ virtual environment that sees torch, transformers and tokenizers but cannot impo
 
 from __future__ import annotations
 
-import contextlib
-import importlib.util
 import json
 import os
 import random
@@ -23,7 +21,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 import yaml
-from conftest import tiny_config, word_tokenizer
+from conftest import ROOT, load_script, single_thread, tiny_config, word_tokenizer
 from hub_server import LocalHub
 from transformers import PreTrainedTokenizerFast, Seq2SeqTrainingArguments, pipeline
 
@@ -32,7 +30,6 @@ from vanilla_transformer import VanillaTransformerConfig, VanillaTransformerForC
 from vanilla_transformer.model_card import write_model_card
 from vanilla_transformer.pipeline_vanilla_transformer import VanillaTransformerTranslationPipeline
 
-ROOT = Path(__file__).resolve().parents[1]
 TOKEN = "hf_test_token_not_a_secret"
 REPO_ID = "user/vanilla-transformer-toy-en-de"
 LEXICON = {
@@ -127,24 +124,12 @@ def train_toy_model(tokenizer: PreTrainedTokenizerFast) -> VanillaTransformerFor
     return model.eval()
 
 
-@contextlib.contextmanager
-def one_thread():
-    # The model is tiny: more threads only add contention (much slower on a busy machine), and every process of
-    # these tests computing with one thread keeps their numbers comparable.
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(threads)
-
-
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory) -> SimpleNamespace:
     """A folder saved as train.py saves one (model, tokenizer, model card), and what the package generates from it."""
     model_dir = tmp_path_factory.mktemp("hub") / "toy-en-de"
     tokenizer = word_tokenizer(list(LEXICON) + list(LEXICON.values()))
-    with one_thread():
+    with single_thread():
         model = train_toy_model(tokenizer)
     model.save_pretrained(model_dir)
     tokenizer.save_pretrained(model_dir)
@@ -168,7 +153,7 @@ def checkpoint(tmp_path_factory) -> SimpleNamespace:
         target_lang="de",
     )
     inputs = tokenizer(SENTENCES, return_tensors="pt", padding=True)
-    with torch.no_grad(), one_thread():
+    with torch.no_grad(), single_thread():
         ids = model.generate(**inputs)
         logits = model(**inputs, decoder_input_ids=ids).logits
     texts = tokenizer.batch_decode(ids, skip_special_tokens=True)
@@ -388,13 +373,7 @@ def test_model_card_describes_each_config_and_refresh_keeps_what_was_recorded(tm
         write_model_card(str(tmp_path / "missing"))
 
 
-@pytest.fixture
-def _one_thread():
-    with one_thread():
-        yield
-
-
-@pytest.mark.usefixtures("_one_thread")
+@pytest.mark.usefixtures("one_thread")
 def test_translation_pipeline_gives_what_generate_gives(checkpoint):
     translator = pipeline("translation", model=str(checkpoint.path), trust_remote_code=True)
     assert type(translator).__name__ == "VanillaTransformerTranslationPipeline"
@@ -467,14 +446,6 @@ def test_push_to_hub_round_trip_through_a_local_hub(checkpoint, fresh_python, tm
         assert ("HEAD", f"/{REPO_ID}/resolve/{repo.head}/model.safetensors", 200) in hub.requests
 
 
-def load_push_script():
-    spec = importlib.util.spec_from_file_location("push_to_hub", ROOT / "scripts" / "push_to_hub.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up while the script is being executed
-    spec.loader.exec_module(module)
-    return module
-
-
 @pytest.mark.parametrize(
     "files, message",
     [
@@ -491,7 +462,7 @@ def test_push_to_hub_rejects_a_folder_that_is_not_a_checkpoint(tmp_path, capsys,
         for name in files:
             (model_dir / name).write_text("{}")
     with pytest.raises(SystemExit) as exit_info:
-        load_push_script().main(["--model_dir", str(model_dir), "--repo_id", REPO_ID])
+        load_script("push_to_hub").main(["--model_dir", str(model_dir), "--repo_id", REPO_ID])
     error = str(exit_info.value.code)
     assert re.search(message, error) and "\n" not in error and error.startswith("push_to_hub.py: error:")
     assert not (model_dir / "README.md").exists()
@@ -499,4 +470,4 @@ def test_push_to_hub_rejects_a_folder_that_is_not_a_checkpoint(tmp_path, capsys,
 
 def test_push_to_hub_rejects_a_repo_id_without_namespace(checkpoint):
     with pytest.raises(SystemExit, match="--repo_id 'name-only' must be namespace/name"):
-        load_push_script().main(["--model_dir", str(checkpoint.path), "--repo_id", "name-only"])
+        load_script("push_to_hub").main(["--model_dir", str(checkpoint.path), "--repo_id", "name-only"])

@@ -3,18 +3,9 @@ with nothing to learn from."""
 
 import pytest
 import torch
-from conftest import tiny_config
-
-from vanilla_transformer import VanillaTransformerForConditionalGeneration
+from conftest import tiny_model
 
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
-
-
-def make_model(attn_implementation: str, dtype: torch.dtype, **overrides) -> VanillaTransformerForConditionalGeneration:
-    torch.manual_seed(0)
-    model = VanillaTransformerForConditionalGeneration(tiny_config(**overrides))
-    model.set_attn_implementation(attn_implementation)
-    return model.to(dtype).eval()
 
 
 def padded_batch() -> dict[str, torch.Tensor]:
@@ -32,7 +23,7 @@ def padded_batch() -> dict[str, torch.Tensor]:
 @pytest.mark.parametrize("attn_implementation", ["eager", "sdpa"])
 @pytest.mark.parametrize("normalize_before", [False, True], ids=["post-norm", "pre-norm"])
 def test_fully_padded_rows_stay_finite(attn_implementation, dtype, normalize_before):
-    model = make_model(attn_implementation, dtype, normalize_before=normalize_before)
+    model = tiny_model(attn_implementation, dtype, normalize_before=normalize_before)
     with torch.no_grad():
         out = model(**padded_batch())
     assert torch.isfinite(out.encoder_last_hidden_state).all()
@@ -42,7 +33,7 @@ def test_fully_padded_rows_stay_finite(attn_implementation, dtype, normalize_bef
 
 @pytest.mark.parametrize("attn_implementation", ["eager", "sdpa"])
 def test_fully_padded_rows_give_finite_gradients(attn_implementation):
-    model = make_model(attn_implementation, torch.float32)
+    model = tiny_model(attn_implementation, torch.float32)
     batch = padded_batch()
     labels = batch["decoder_input_ids"].masked_fill(batch["decoder_attention_mask"] == 0, -100)
     model(**batch, labels=labels).loss.backward()
@@ -53,7 +44,7 @@ def test_fully_padded_rows_give_finite_gradients(attn_implementation):
 @pytest.mark.parametrize("attn_implementation", ["eager", "sdpa"])
 def test_long_sequences_stay_finite(attn_implementation, dtype):
     """2048 tokens, far past max_position_embeddings=128: sinusoidal positions extend, nothing overflows in fp16."""
-    model = make_model(
+    model = tiny_model(
         attn_implementation,
         dtype,
         encoder_layers=1,
@@ -72,7 +63,7 @@ def test_long_sequences_stay_finite(attn_implementation, dtype):
 def test_labels_all_minus_100_give_zero_loss_and_zero_gradients(num_items_in_batch):
     """Documented value: 0.0. A plain mean cross-entropy over zero items is 0/0 = NaN, which backward would spread
     into every weight; the model returns 0.0 attached to the graph instead, so the step changes nothing."""
-    model = make_model("sdpa", torch.float32)
+    model = tiny_model("sdpa", torch.float32)
     model.train()
     source = torch.randint(3, 64, (2, 5))
     labels = torch.full((2, 4), -100)
@@ -84,7 +75,7 @@ def test_labels_all_minus_100_give_zero_loss_and_zero_gradients(num_items_in_bat
 
 
 def test_loss_over_some_labels_is_still_their_mean():
-    model = make_model("sdpa", torch.float32)
+    model = tiny_model("sdpa", torch.float32)
     source, labels = torch.randint(3, 64, (2, 5)), torch.randint(3, 64, (2, 4))
     labels[0] = -100  # one sentence with nothing to learn, one with four labelled tokens
     out = model(input_ids=source, labels=labels)
@@ -98,7 +89,7 @@ def test_loss_over_some_labels_is_still_their_mean():
 def test_mixed_precision_training_follows_fp32(attn_implementation, dtype):
     """Autocast (the Trainer's --bf16 / --fp16 path) with a padded batch: the loss stays fp32 and within the half
     precision's error of the fp32 loss, and every gradient is finite. CPU autocast stands in for the GPU's here."""
-    model = make_model(attn_implementation, torch.float32)
+    model = tiny_model(attn_implementation, torch.float32)
     batch = padded_batch()
     labels = batch["decoder_input_ids"].masked_fill(batch["decoder_attention_mask"] == 0, -100)
     reference = model(**batch, labels=labels).loss

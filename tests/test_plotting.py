@@ -9,7 +9,7 @@ import sys
 
 import pytest
 import torch
-from conftest import load_script, tiny_config, word_tokenizer
+from conftest import load_script, single_thread, tiny_model, word_tokenizer
 from PIL import Image
 from transformers import DataCollatorForSeq2Seq, PreTrainedTokenizerFast, Seq2SeqTrainer, Seq2SeqTrainingArguments
 
@@ -42,7 +42,7 @@ def assert_png(path: str, min_side: int = 300) -> tuple[int, int]:
 def model_dir(tmp_path_factory):
     torch.manual_seed(0)
     tokenizer = word_tokenizer(WORDS)
-    model = VanillaTransformerForConditionalGeneration(tiny_config(vocab_size=len(tokenizer)))
+    model = tiny_model(vocab_size=len(tokenizer))
     model.generation_config.max_length = 12
     path = tmp_path_factory.mktemp("model")
     model.save_pretrained(path)
@@ -192,9 +192,7 @@ def test_a_real_run_logs_to_tensorboard_and_its_state_plots(tmp_path, model_dir)
         report_to=["tensorboard"],
         disable_tqdm=True,
     )
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # tiny matrices: a second thread only slows a shared CPU down
-    try:
+    with single_thread():
         trainer = Seq2SeqTrainer(
             model=model,
             args=args,
@@ -205,8 +203,6 @@ def test_a_real_run_logs_to_tensorboard_and_its_state_plots(tmp_path, model_dir)
         )
         trainer.train()
         trainer.save_state()
-    finally:
-        torch.set_num_threads(threads)
 
     events = glob.glob(str(tmp_path / "run" / "runs" / "*" / "events.out.tfevents.*"))
     assert events, "no TensorBoard event file under output_dir/runs"

@@ -22,10 +22,10 @@ from types import SimpleNamespace
 import pytest
 import safetensors.torch
 import torch
+from conftest import ROOT, TINY_OVERRIDES
 
 from vanilla_transformer.checkpointing import check_checkpoint, checkpoint_problem, last_complete_checkpoint
 
-ROOT = Path(__file__).resolve().parents[1]
 TRAIN = ROOT / "scripts" / "train.py"
 MAX_STEPS, SAVE_STEPS = 12, 4
 TRAIN_ARGS = [
@@ -34,8 +34,7 @@ TRAIN_ARGS = [
     "--save_strategy", "steps",
     "--save_steps", str(SAVE_STEPS),
     "--seed", "11",
-    "--config_overrides", "d_model=32,encoder_layers=1,decoder_layers=1,encoder_attention_heads=2,"
-    "decoder_attention_heads=2,encoder_ffn_dim=64,decoder_ffn_dim=64",
+    "--config_overrides", TINY_OVERRIDES,
     "--vocab_size", "300",
     "--max_train_samples", "32",
     "--max_eval_samples", "1",

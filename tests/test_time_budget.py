@@ -7,14 +7,13 @@ import json
 import math
 
 import pytest
-from conftest import load_script, tiny_config, word_tokenizer
+from conftest import TINY_OVERRIDES, load_script, tiny_model, word_tokenizer
 from transformers import TrainerControl, TrainerState
 from transformers.optimization import (
     _get_cosine_schedule_with_warmup_lr_lambda,
     _get_linear_schedule_with_warmup_lr_lambda,
 )
 
-from vanilla_transformer import VanillaTransformerForConditionalGeneration
 from vanilla_transformer.time_budget import UNLIMITED_STEPS, TimeBudgetCallback, budget_lr_lambda, find_time_budget
 from vanilla_transformer.training import TranslationTrainingArguments, build_trainer
 
@@ -22,9 +21,7 @@ BUDGET_MINUTES = 0.05  # 3 s
 TINY_RUN = [
     *("--max_train_samples", "64", "--max_eval_samples", "8", "--max_predict_samples", "8"),
     *("--per_device_train_batch_size", "16", "--vocab_size", "300", "--seed", "3", "--logging_steps", "50"),
-    "--config_overrides",
-    "d_model=32,encoder_layers=1,decoder_layers=1,encoder_attention_heads=2,decoder_attention_heads=2,"
-    "encoder_ffn_dim=64,decoder_ffn_dim=64",
+    *("--config_overrides", TINY_OVERRIDES),
     *("--max_source_length", "32", "--max_target_length", "32", "--generation_max_length", "10"),
     *("--disable_tqdm", "true", "--report_to", "none", "--dataloader_num_workers", "0", "--use_cpu"),
 ]
@@ -169,8 +166,7 @@ def test_with_a_step_limit_that_comes_first_the_schedule_is_transformers_own(sch
 def make_trainer(tmp_path, **arguments):
     args = TranslationTrainingArguments(output_dir=str(tmp_path), report_to="none", use_cpu=True, **arguments)
     tokenizer = word_tokenizer(["eins", "zwei"])
-    model = VanillaTransformerForConditionalGeneration(tiny_config(vocab_size=len(tokenizer)))
-    trainer = build_trainer(model, args, tokenizer)
+    trainer = build_trainer(tiny_model(vocab_size=len(tokenizer)), args, tokenizer)
     trainer.create_optimizer_and_scheduler(num_training_steps=UNLIMITED_STEPS)
     return trainer
 

@@ -1,13 +1,9 @@
 """The joint BPE tokenizer: special-token ids, saving/loading, text_target, lossless round trips."""
 
-import importlib.util
 import json
-import os
-import subprocess
-import sys
 
 import pytest
-from conftest import tiny_config
+from conftest import load_script, run_script, tiny_config
 from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
 from vanilla_transformer.data import demo_corpus
@@ -17,7 +13,6 @@ from vanilla_transformer.tokenizer import (
     train_tokenizer,
 )
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CORPUS = [
     "Die Donaudampfschifffahrtsgesellschaft fährt über den Fluss.",
     "The steamship company sails across the river.",
@@ -93,13 +88,11 @@ def test_train_tokenizer_script(tmp_path):
     rows = demo_corpus()["train"]["translation"][:300]
     data.write_text("".join(json.dumps({"translation": row}, ensure_ascii=False) + "\n" for row in rows))
     out = tmp_path / "tok"
-    env = dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_CACHE=str(tmp_path / "cache"))
-    command = [sys.executable, os.path.join(REPO, "scripts", "train_tokenizer.py"), "--train_file", str(data)]
-    result = subprocess.run(
-        command + ["--source_lang", "de", "--target_lang", "en", "--vocab_size", "320", "--output_dir", str(out)],
-        capture_output=True,
-        text=True,
-        env=env,
+    result = run_script(
+        "train_tokenizer",
+        ["--train_file", str(data), "--source_lang", "de", "--target_lang", "en", "--vocab_size", "320"]
+        + ["--output_dir", str(out)],
+        tmp_path,
     )
     assert result.returncode == 0, result.stderr
     tokenizer = AutoTokenizer.from_pretrained(str(out))
@@ -109,12 +102,7 @@ def test_train_tokenizer_script(tmp_path):
     again = train_tokenizer(iterate_texts(demo_corpus()["train"].select(range(300)), "de", "en"), vocab_size=320)
     assert again.get_vocab() == tokenizer.get_vocab()
 
-    spec = importlib.util.spec_from_file_location(
-        "train_tokenizer_script", os.path.join(REPO, "scripts", "train_tokenizer.py")
-    )
-    script = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = script  # dataclasses look their module up there
-    spec.loader.exec_module(script)
+    script = load_script("train_tokenizer")
     with pytest.raises(SystemExit) as info:
         script.main(
             [
@@ -131,3 +119,5 @@ def test_train_tokenizer_script(tmp_path):
     assert (
         str(info.value.code) == f"train_tokenizer.py: error: --train_file '{tmp_path / 'nope.jsonl'}' does not exist."
     )
+    with pytest.raises(SystemExit, match="--validation_file is not used: the tokenizer learns from the training split"):
+        script.main(["--train_file", str(data), "--validation_file", str(data), "--output_dir", "x"])

@@ -2,7 +2,6 @@
 resuming, data parallel training with Accelerate, and one-line errors before any training."""
 
 import dataclasses
-import importlib.util
 import json
 import os
 import socket
@@ -11,7 +10,7 @@ import sys
 
 import pytest
 import torch
-from conftest import tiny_config
+from conftest import ROOT, TINY_OVERRIDES, load_script, run_script, script_env, tiny_model
 from safetensors.torch import load_file
 from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import (
@@ -22,25 +21,22 @@ from transformers import (
     TrainerCallback,
 )
 
-from vanilla_transformer import VanillaTransformerConfig, VanillaTransformerForConditionalGeneration
+from vanilla_transformer import VanillaTransformerConfig
+from vanilla_transformer.checkpointing import list_checkpoint_folders
 from vanilla_transformer.data import demo_corpus
 from vanilla_transformer.tokenizer import iterate_texts, train_tokenizer
 from vanilla_transformer.training import (
     PRESETS,
     build_config,
     build_trainer,
-    list_checkpoints,
     parse_config_overrides,
     save_averaged_model,
     translate,
 )
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SCRIPTS = os.path.join(REPO, "scripts")
 TINY_MODEL = [
     "--config_overrides",
-    "d_model=32,encoder_layers=1,decoder_layers=1,encoder_attention_heads=2,decoder_attention_heads=2,"
-    "encoder_ffn_dim=64,decoder_ffn_dim=64",
+    TINY_OVERRIDES,
     "--max_source_length",
     "32",
     "--max_target_length",
@@ -54,36 +50,7 @@ TINY_MODEL = [
 ]
 
 
-def load_script(name: str):
-    spec = importlib.util.spec_from_file_location(f"script_{name}", os.path.join(SCRIPTS, f"{name}.py"))
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
-
-
 train_script = load_script("train")
-
-
-def script_env(tmp_path) -> dict:
-    return dict(
-        os.environ,
-        HF_HUB_OFFLINE="1",
-        HF_DATASETS_OFFLINE="1",
-        HF_DATASETS_CACHE=str(tmp_path / "datasets-cache"),
-        TOKENIZERS_PARALLELISM="false",
-        OMP_NUM_THREADS="1",
-    )
-
-
-def run_script(name: str, args: list[str], tmp_path, **kwargs) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, os.path.join(SCRIPTS, f"{name}.py"), *args],
-        capture_output=True,
-        text=True,
-        env=script_env(tmp_path),
-        **kwargs,
-    )
 
 
 @pytest.fixture(scope="module")
@@ -172,7 +139,7 @@ def test_help_documents_every_flag(capsys):
         train_script.main(["--help"])
     assert info.value.code == 0
     text = capsys.readouterr().out
-    for dataclass in (train_script.ModelArguments, train_script.DataArguments):
+    for dataclass in (train_script.ModelArguments, train_script.TrainingDataArguments):
         for f in dataclasses.fields(dataclass):
             assert f.metadata.get("help"), f"--{f.name} has no help"
             assert f"--{f.name}" in text
@@ -184,8 +151,7 @@ def test_help_documents_every_flag(capsys):
 def test_the_trainer_follows_the_papers_recipe(tmp_path, demo_tokenizer):
     _, _, args, _ = train_script.parse_arguments(["--output_dir", str(tmp_path), "--preset", "base"])
     tokenizer = AutoTokenizer.from_pretrained(demo_tokenizer)
-    model = VanillaTransformerForConditionalGeneration(tiny_config(vocab_size=len(tokenizer)))
-    trainer = build_trainer(model, args, tokenizer)
+    trainer = build_trainer(tiny_model(vocab_size=len(tokenizer)), args, tokenizer)
     trainer.create_optimizer_and_scheduler(num_training_steps=100_000)
     group = trainer.optimizer.param_groups[0]
     assert (group["betas"], group["eps"], group["weight_decay"]) == ((0.9, 0.98), 1e-9, 0.0)
@@ -226,7 +192,7 @@ def test_train_translate_average_end_to_end(tmp_path):
     assert (tokenizer.pad_token_id, tokenizer.bos_token_id, tokenizer.eos_token_id, len(tokenizer)) == (0, 1, 2, 300)
     model = AutoModelForSeq2SeqLM.from_pretrained(str(out))
     assert model.config.d_model == 32 and model.config.vocab_size == 300
-    assert [os.path.basename(p) for p in list_checkpoints(str(out))] == ["checkpoint-4", "checkpoint-8"]
+    assert [os.path.basename(p) for p in list_checkpoint_folders(str(out))] == ["checkpoint-8", "checkpoint-4"]
 
     # translate.py: stdin in, translations out in input order, scores on stderr
     sources = ["dreihundertzweiundvierzig", "eins", "neuntausendneunhundertneunundneunzig", "", "siebzehn"]
@@ -276,7 +242,7 @@ def test_train_with_token_based_batches(tmp_path):
 
 
 def test_average_picks_the_last_checkpoints_by_step_and_is_exact(tmp_path):
-    model = VanillaTransformerForConditionalGeneration(tiny_config())
+    model = tiny_model()
     # checkpoint-N holds every weight = value; sorted as text, checkpoint-100 would come before checkpoint-20
     for step, value in ((10, 1.0), (20, 2.0), (50, 3.0), (100, 4.0), (200, 8.0)):
         with torch.no_grad():
@@ -284,8 +250,10 @@ def test_average_picks_the_last_checkpoints_by_step_and_is_exact(tmp_path):
                 parameter.fill_(value)
         model.save_pretrained(str(tmp_path / f"checkpoint-{step}"))
     (tmp_path / "checkpoint-300-tmp").mkdir()  # not a checkpoint
-    found = list_checkpoints(str(tmp_path))
+    (tmp_path / "checkpoint-400").write_text("")  # nor is a file
+    found = list_checkpoint_folders(str(tmp_path), oldest_first=True)
     assert [os.path.basename(p) for p in found] == [f"checkpoint-{s}" for s in (10, 20, 50, 100, 200)]
+    assert list_checkpoint_folders(str(tmp_path)) == found[::-1]  # newest first by default
     averaged = save_averaged_model(found[-3:], str(tmp_path / "avg"))
     reloaded = AutoModelForSeq2SeqLM.from_pretrained(str(tmp_path / "avg"))
     for parameters in (averaged.parameters(), reloaded.parameters()):
@@ -407,7 +375,7 @@ def test_accelerate_launch_two_processes_on_cpu(tmp_path):
     watch.mkdir()
     command = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2"]
     command += ["--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no"]
-    command += ["--main_process_port", str(free_port()), str(launcher), os.path.join(SCRIPTS, "train.py"), str(watch)]
+    command += ["--main_process_port", str(free_port()), str(launcher), str(ROOT / "scripts" / "train.py"), str(watch)]
     command += ["--output_dir", str(tmp_path / "run"), "--do_train", "--max_train_samples", "32", "--vocab_size", "300"]
     command += ["--per_device_train_batch_size", "4", "--num_train_epochs", "1", "--save_strategy", "no", *TINY_MODEL]
     result = subprocess.run(command, capture_output=True, text=True, env=script_env(tmp_path), timeout=300)

@@ -82,12 +82,17 @@ def check_checkpoint(folder: str) -> None:
         )
 
 
-def list_checkpoint_folders(output_dir: str) -> list[str]:
-    """The ``checkpoint-<step>`` folders of ``output_dir``, newest (highest step) first."""
+def list_checkpoint_folders(output_dir: str, oldest_first: bool = False) -> list[str]:
+    """The Trainer's ``checkpoint-<step>`` folders in ``output_dir`` (none if it is not a folder), ordered by step as a
+    number (checkpoint-100 after checkpoint-20): newest first, or oldest first with ``oldest_first``."""
     if not os.path.isdir(output_dir):
         return []
-    found = [(int(m.group(1)), n) for n in os.listdir(output_dir) if (m := _CHECKPOINT.match(n))]
-    return [os.path.join(output_dir, n) for _, n in sorted(found, reverse=True)]
+    found = [
+        (int(m.group(1)), name)
+        for name in os.listdir(output_dir)
+        if (m := _CHECKPOINT.match(name)) and os.path.isdir(os.path.join(output_dir, name))
+    ]
+    return [os.path.join(output_dir, name) for _, name in sorted(found, reverse=not oldest_first)]
 
 
 def last_complete_checkpoint(output_dir: str) -> str | None:

@@ -12,6 +12,7 @@ import json
 import os
 import random
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 
 import datasets
 from datasets import Dataset, DatasetDict
@@ -326,6 +327,49 @@ def load_raw_datasets(
         raw[split] = loader(flag, path, cache_dir)
         check_language_pair(raw[split], f"{flag} {path!r}", source_lang, target_lang)
     return raw, source_lang, target_lang
+
+
+@dataclass
+class DataArguments:
+    """Which parallel data to read; none given = the built-in demo corpus. The command-line flags of every script that
+    reads data (train.py, train_tokenizer.py, padding_efficiency.py), parsed with HfArgumentParser."""
+
+    dataset_name: str | None = field(
+        default=None, metadata={"help": "A `datasets` translation dataset (Hub name or local folder), e.g. wmt16."}
+    )
+    dataset_config_name: str | None = field(default=None, metadata={"help": "Its configuration, e.g. de-en."})
+    train_file: str | None = field(
+        default=None,
+        metadata={"help": "Training pairs: .jsonl ({'translation': {lang: text}} per line) or .tsv (header: langs)."},
+    )
+    validation_file: str | None = field(default=None, metadata={"help": "Validation pairs (same formats)."})
+    test_file: str | None = field(default=None, metadata={"help": "Test pairs (same formats)."})
+    source_lang: str | None = field(default=None, metadata={"help": "Source language code, e.g. de (demo: de)."})
+    target_lang: str | None = field(default=None, metadata={"help": "Target language code, e.g. en (demo: en)."})
+    max_train_samples: int | None = field(default=None, metadata={"help": "Use only the first N training pairs."})
+    max_eval_samples: int | None = field(default=None, metadata={"help": "Use only the first N validation pairs."})
+    max_predict_samples: int | None = field(default=None, metadata={"help": "Use only the first N test pairs."})
+
+    def has_own_data(self) -> bool:
+        return any((self.dataset_name, self.train_file, self.validation_file, self.test_file))
+
+    def load(self, cache_dir: str | None = None) -> tuple[DatasetDict, str, str]:
+        """``load_raw_datasets`` with these arguments: (splits, source_lang, target_lang), not yet cut to the
+        ``max_*_samples`` (see ``max_samples``)."""
+        return load_raw_datasets(
+            source_lang=self.source_lang,
+            target_lang=self.target_lang,
+            dataset_name=self.dataset_name,
+            dataset_config_name=self.dataset_config_name,
+            train_file=self.train_file,
+            validation_file=self.validation_file,
+            test_file=self.test_file,
+            cache_dir=cache_dir,
+        )
+
+    def max_samples(self) -> dict[str, int | None]:
+        """The ``max_*_samples`` per split, for ``select_samples``."""
+        return {"train": self.max_train_samples, "validation": self.max_eval_samples, "test": self.max_predict_samples}
 
 
 def _load_named_dataset(name: str, config_name: str | None, cache_dir: str | None) -> DatasetDict:

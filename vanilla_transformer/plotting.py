@@ -12,10 +12,11 @@ from __future__ import annotations
 import json
 import math
 import os
-import re
 from dataclasses import dataclass
 
 import torch
+
+from .checkpointing import list_checkpoint_folders
 
 PLOT_EXTRA_HINT = "pip install 'vanilla-transformer[plot]' (or pip install matplotlib)"
 
@@ -115,6 +116,11 @@ def translate_with_attention(
         output_attentions=True,
         use_cache=False,
     )
+    if any(layer is None for layer in outputs.cross_attentions):  # sdpa returns no weights, with a warning
+        raise ValueError(
+            "the model returned no attention weights: load it with attn_implementation='eager' or call "
+            "model.set_attn_implementation('eager') first."
+        )
     cross = torch.stack([layer[0] for layer in outputs.cross_attentions]).float().cpu()
     produced = generated[1:].tolist()
     return TranslationAttention(
@@ -285,17 +291,13 @@ def find_trainer_state(path: str) -> str:
     state = os.path.join(path, "trainer_state.json")
     if os.path.isfile(state):
         return state
-    checkpoints = [
-        (int(match.group(1)), name)
-        for name in os.listdir(path)
-        if (match := re.fullmatch(r"checkpoint-(\d+)", name))
-        and os.path.isfile(os.path.join(path, name, "trainer_state.json"))
-    ]
-    if not checkpoints:
-        raise FileNotFoundError(
-            f"{path!r} has no trainer_state.json and no checkpoint-N/trainer_state.json; give the run's output folder."
-        )
-    return os.path.join(path, max(checkpoints)[1], "trainer_state.json")
+    for checkpoint in list_checkpoint_folders(path):  # newest first
+        state = os.path.join(checkpoint, "trainer_state.json")
+        if os.path.isfile(state):
+            return state
+    raise FileNotFoundError(
+        f"{path!r} has no trainer_state.json and no checkpoint-N/trainer_state.json; give the run's output folder."
+    )
 
 
 def load_log_history(path: str) -> list[dict]:

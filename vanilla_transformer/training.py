@@ -7,7 +7,6 @@ from __future__ import annotations
 import inspect
 import json
 import os
-import re
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -399,16 +398,6 @@ def build_trainer(
 # Checkpoint averaging
 # --------------------------------------------------------------------------------------------------------------------
 
-_CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")
-
-
-def list_checkpoints(folder: str) -> list[str]:
-    """The Trainer's `checkpoint-<step>` folders in `folder`, oldest (lowest step) first."""
-    if not os.path.isdir(folder):
-        raise ValueError(f"{folder!r} is not a folder.")
-    steps = [(int(m.group(1)), name) for name in os.listdir(folder) if (m := _CHECKPOINT.match(name))]
-    return [os.path.join(folder, name) for _, name in sorted(steps) if os.path.isdir(os.path.join(folder, name))]
-
 
 def load_weights(checkpoint: str) -> dict[str, torch.Tensor]:
     """The tensors of a saved model (one safetensors file or a sharded set), as stored: tied copies appear once."""
@@ -547,7 +536,6 @@ __all__ = [
     "build_config",
     "build_trainer",
     "default_generation_config",
-    "list_checkpoints",
     "load_translator",
     "make_compute_metrics",
     "save_averaged_model",

@@ -1,5 +1,7 @@
 """Speed and memory of VanillaTransformer against transformers' MarianMTModel at identical sizes, in one run.
 
+The code behind scripts/benchmark.py (its command line); not part of the installed package.
+
 Both models are built from configs (random weights, nothing downloaded) with the same sizes, activation, embedding
 scaling, tied embeddings, dropout, position range, attention implementation and special-token ids. Every timed row
 runs the two models interleaved (A B A B ...) and reports the medians and the median of the per-pair ratios, which is
@@ -31,8 +33,7 @@ from datetime import datetime, timezone
 import torch
 from transformers import CompileConfig, MarianConfig, MarianMTModel, PreTrainedModel
 
-from .configuration_vanilla_transformer import VanillaTransformerConfig
-from .modeling_vanilla_transformer import VanillaTransformerForConditionalGeneration
+from vanilla_transformer import VanillaTransformerConfig, VanillaTransformerForConditionalGeneration
 
 MODELS = ("vanilla", "marian")
 ROWS = ("train", "memory", "greedy", "beam", "train_compiled", "greedy_static_compiled", "train_bf16")
@@ -395,10 +396,15 @@ def _ru_maxrss_bytes() -> int:
 
 def measure_memory(size: str, name: str, settings: BenchmarkSettings) -> dict:
     arguments = json.dumps({"size": size, "model": name, "settings": asdict(settings)})
-    code = "import sys; from vanilla_transformer.benchmark import memory_child; memory_child(sys.argv[1])"
+    # this file is not in the installed package: the subprocess imports it from its folder
+    code = "import sys; sys.path.insert(0, sys.argv[1]); from speed import memory_child; memory_child(sys.argv[2])"
     env = dict(os.environ, OMP_NUM_THREADS=str(settings.threads))
     completed = subprocess.run(
-        [sys.executable, "-c", code, arguments], capture_output=True, text=True, env=env, check=False
+        [sys.executable, "-c", code, os.path.dirname(os.path.abspath(__file__)), arguments],
+        capture_output=True,
+        text=True,
+        env=env,
+        check=False,
     )
     for line in completed.stdout.splitlines():
         if line.startswith("MEMORY_RESULT "):
