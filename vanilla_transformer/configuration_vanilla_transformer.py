@@ -71,7 +71,7 @@ class VanillaTransformerConfig(PreTrainedConfig):
     activation_dropout: float | int = 0.0
     classifier_dropout: float | int = 0.0
     position_embedding_type: Literal["sinusoidal", "learned"] = "sinusoidal"  # §3.5; "learned": Table 3, row E
-    max_position_embeddings: int = 1024  # rows of the learned table and of the precomputed sinusoids
+    max_position_embeddings: int = 1024  # rows of the learned position table (sinusoids extend to any length)
     normalize_before: bool = False  # False: post-norm LayerNorm(x + Sublayer(x)) (§3.1); True: pre-norm
     layer_norm_eps: float | int = 1e-5
     init_scheme: Literal["normal", "xavier"] = "normal"  # not in the paper; "normal" is BART's, "xavier" fairseq's

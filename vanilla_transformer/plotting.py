@@ -116,11 +116,6 @@ def translate_with_attention(
         output_attentions=True,
         use_cache=False,
     )
-    if any(layer is None for layer in outputs.cross_attentions):  # sdpa returns no weights, with a warning
-        raise ValueError(
-            "the model returned no attention weights: load it with attn_implementation='eager' or call "
-            "model.set_attn_implementation('eager') first."
-        )
     cross = torch.stack([layer[0] for layer in outputs.cross_attentions]).float().cpu()
     produced = generated[1:].tolist()
     return TranslationAttention(
