@@ -474,6 +474,36 @@ def test_outputs_tuples_embeddings_and_resizing():
     assert model(input_ids=ids, decoder_input_ids=ids).logits.shape[-1] == 80
 
 
+@pytest.mark.parametrize(
+    "model_class",
+    [VanillaTransformerModel, VanillaTransformerForConditionalGeneration, VanillaTransformerForSequenceClassification],
+)
+def test_tuple_output_holds_the_dict_outputs_in_order(model_class):
+    """return_dict=False gives the non-None fields of the dict output, in order, for every class and with every
+    optional output captured (hidden states: embeddings + one per layer, attentions: one per layer)."""
+    torch.manual_seed(0)
+    model = model_class(tiny_config(num_labels=3)).eval()
+    model.set_attn_implementation("eager")
+    ids, mask = source_batch()
+    ids[:, -1] = 2  # an eos token ends every row, for the classifier
+    mask = torch.ones_like(ids)
+    kwargs = dict(input_ids=ids, attention_mask=mask, output_attentions=True, output_hidden_states=True)
+    as_dict = model(**kwargs)
+    as_tuple = model(**kwargs, return_dict=False)
+    expected = [value for value in as_dict.to_tuple() if value is not None]
+    assert isinstance(as_tuple, tuple) and len(as_tuple) == len(expected)
+    for got, want in zip(as_tuple, expected):
+        if isinstance(want, EncoderDecoderCache):  # the decoder's cache, a fresh one per call
+            assert isinstance(got, EncoderDecoderCache)
+            continue
+        for g, w in zip(*(x if isinstance(x, tuple) else (x,) for x in (got, want))):
+            torch.testing.assert_close(g, w)
+    assert len(as_dict.encoder_hidden_states) == len(as_dict.decoder_hidden_states) == 3
+    assert len(as_dict.encoder_attentions) == len(as_dict.decoder_attentions) == len(as_dict.cross_attentions) == 2
+    # the last hidden state of each stack is the stack's output
+    torch.testing.assert_close(as_dict.encoder_hidden_states[-1], as_dict.encoder_last_hidden_state)
+
+
 def test_output_attentions_with_sdpa_warns_and_returns_no_weights():
     """As Marian and BART: not an error but transformers' one-time sdpa warning, no weights, the same logits."""
     model = make_model("sdpa")
