@@ -29,6 +29,7 @@ from vanilla_transformer.training import (
     PRESETS,
     build_config,
     build_trainer,
+    default_generation_config,
     parse_config_overrides,
     save_averaged_model,
     translate,
@@ -157,6 +158,9 @@ def test_the_trainer_follows_the_papers_recipe(tmp_path, demo_tokenizer):
     assert (group["betas"], group["eps"], group["weight_decay"]) == ((0.9, 0.98), 1e-9, 0.0)
     assert trainer.label_smoother.epsilon == 0.1
     assert args.generation_num_beams == 4 and args.predict_with_generate
+    # stop beam search when no running beam can win, not at the first 4 finished hypotheses (short, broken ones)
+    generation = default_generation_config(trainer.model.config)
+    assert (generation.num_beams, generation.early_stopping) == (4, False)
     # lrate = d_model^-0.5 * min(step^-0.5, step * warmup^-1.5), §5.3, with d_model = 512 and warmup = 4000
     scheduler, warmup = trainer.lr_scheduler, 4000
     for step in (1, 100, 2000, 4000, 8000, 64000):

