@@ -34,6 +34,8 @@ TRAIN_ARGS = [
     "--save_strategy", "steps",
     "--save_steps", str(SAVE_STEPS),
     "--seed", "11",
+    # bit-identical floats need the same thread count in every process; train.py would pick one per idle core
+    "--threads", "1",
     "--config_overrides", TINY_OVERRIDES,
     "--vocab_size", "300",
     "--max_train_samples", "32",
