@@ -123,8 +123,8 @@ def test_classic_demo_separate_vocabularies_shapes():
     with torch.no_grad():
         logits = model(input_ids=src, decoder_input_ids=tgt).logits
     assert logits.shape == (64, 26, 8000)
-    assert model.lm_head.weight is model.model.decoder.embed_tokens.weight
-    assert model.model.encoder.embed_tokens.weight.shape == (8500, 64)
+    assert model.lm_head.weight is model.model.decoder.embeddings.embed_tokens.weight
+    assert model.model.encoder.embeddings.embed_tokens.weight.shape == (8500, 64)
 
 
 def test_pre_norm_variant_trains():

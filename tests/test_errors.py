@@ -167,7 +167,7 @@ def test_sinusoidal_positions_extend_past_max_position_embeddings():
     model = tiny_model(max_position_embeddings=8)
     logits = model(input_ids=ids(1, 40), decoder_input_ids=ids(1, 40)).logits
     assert logits.shape == (1, 40, VOCAB) and torch.isfinite(logits).all()
-    table = model.model.encoder.embed_positions(torch.arange(40))
+    table = model.model.encoder.embeddings.embed_positions(torch.arange(40))
     assert not torch.allclose(table[8:16], table[:8])  # new positions, not the first ones repeated
 
 

@@ -30,7 +30,7 @@ from vanilla_transformer import (
     VanillaTransformerForSequenceClassification,
     VanillaTransformerModel,
 )
-from vanilla_transformer import modeling_vanilla_transformer as modeling
+from vanilla_transformer import input_checks_vanilla_transformer as input_checks
 from vanilla_transformer.modeling_vanilla_transformer import SinusoidalPositionalEncoding
 
 
@@ -190,6 +190,7 @@ def test_save_load_round_trip(tmp_path, caplog):
     assert {
         "configuration_vanilla_transformer.py",
         "modeling_vanilla_transformer.py",
+        "input_checks_vanilla_transformer.py",
         "pipeline_vanilla_transformer.py",
     } <= files
 
@@ -210,7 +211,8 @@ def test_save_load_round_trip(tmp_path, caplog):
     )
     shared = loaded.model.shared.weight
     assert loaded.lm_head.weight is shared
-    assert loaded.model.encoder.embed_tokens.weight is shared and loaded.model.decoder.embed_tokens.weight is shared
+    assert loaded.model.encoder.embeddings.embed_tokens.weight is shared
+    assert loaded.model.decoder.embeddings.embed_tokens.weight is shared
 
     half = AutoModelForSeq2SeqLM.from_pretrained(tmp_path, dtype="auto")
     assert half.dtype == torch.float32
@@ -441,7 +443,7 @@ def test_decoding_steps_read_no_id_values_on_an_accelerator(monkeypatch):
     model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=8, min_new_tokens=8)
     on_cpu = len(reads)
     reads.clear()
-    monkeypatch.setattr(modeling, "_HOST_DEVICES", ())
+    monkeypatch.setattr(input_checks, "_HOST_DEVICES", ())
     model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=8, min_new_tokens=8)
     assert on_cpu == 1 + 8 and len(reads) == 2  # CPU: every step; accelerator: the source and the first step
 

@@ -28,7 +28,7 @@ AutoModelForSequenceClassification.register(
     VanillaTransformerConfig, VanillaTransformerForSequenceClassification, exist_ok=True
 )
 
-# save_pretrained then writes `auto_map` and copies the two source files, so that a checkpoint loads with
+# save_pretrained then writes `auto_map` and copies the source files, so that a checkpoint loads with
 # trust_remote_code=True where this package is not installed.
 VanillaTransformerConfig.register_for_auto_class()
 VanillaTransformerModel.register_for_auto_class("AutoModel")

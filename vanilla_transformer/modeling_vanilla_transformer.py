@@ -33,6 +33,7 @@ from transformers.utils.generic import merge_with_config_defaults
 from transformers.utils.output_capturing import OutputRecorder, capture_outputs
 
 from .configuration_vanilla_transformer import VanillaTransformerConfig
+from .input_checks_vanilla_transformer import check_inputs
 
 logger = logging.get_logger(__name__)
 
@@ -75,8 +76,41 @@ class SinusoidalPositionalEncoding(nn.Module):
 
 
 class LearnedPositionalEmbedding(nn.Embedding):
-    """Learned positional embeddings, the variant the paper compares in Table 3 row (E). `embed` refuses a sequence
-    longer than the table with a clear error."""
+    """Learned positional embeddings, the variant the paper compares in Table 3 row (E). `Embeddings` refuses a
+    sequence longer than the table with a clear error."""
+
+
+class Embeddings(nn.Module):
+    """The input of either stack: token embeddings × √d_model plus positional encodings, then dropout (§3.4, §3.5,
+    §5.4). One token matrix may serve both stacks and the pre-softmax projection (§3.4)."""
+
+    def __init__(self, config: VanillaTransformerConfig, embed_tokens: nn.Embedding):
+        super().__init__()
+        self.config = config
+        self.embed_tokens = embed_tokens
+        self.scale = math.sqrt(config.d_model) if config.scale_embedding else 1.0
+        if config.position_embedding_type == "learned":
+            self.embed_positions = LearnedPositionalEmbedding(config.max_position_embeddings, config.d_model)
+        else:
+            self.embed_positions = SinusoidalPositionalEncoding(config.d_model)
+
+    def forward(
+        self, input_ids: torch.Tensor | None, inputs_embeds: torch.Tensor | None = None, past: int | torch.Tensor = 0
+    ) -> torch.Tensor:
+        # `past` tokens are already in the decoder's cache: the new ones take the positions after them
+        if inputs_embeds is None:
+            inputs_embeds = self.embed_tokens(input_ids)
+        length, max_positions = inputs_embeds.shape[1], self.config.max_position_embeddings
+        # `past` is a tensor with a static cache: checking it would cost a device sync per decoding step
+        if self.config.position_embedding_type == "learned" and isinstance(past, int) and past + length > max_positions:
+            raise ValueError(
+                f"Sequence too long: position {past + length - 1} needs more than max_position_embeddings="
+                f"{max_positions} learned positions; shorten the input or use position_embedding_type='sinusoidal', "
+                "which extends to any length."
+            )
+        positions = self.embed_positions(torch.arange(length, device=inputs_embeds.device) + past)
+        hidden_states = inputs_embeds * self.scale + positions.to(inputs_embeds.dtype)
+        return F.dropout(hidden_states, p=self.config.dropout, training=self.training)
 
 
 def scaled_dot_product_attention(
@@ -332,32 +366,6 @@ class VanillaTransformerPreTrainedModel(PreTrainedModel):
             shutil.copy(pipeline_code, save_directory)
 
 
-def _embed_positions(config: VanillaTransformerConfig) -> nn.Module:
-    if config.position_embedding_type == "learned":
-        return LearnedPositionalEmbedding(config.max_position_embeddings, config.d_model)
-    return SinusoidalPositionalEncoding(config.d_model)
-
-
-def embed(
-    stack: "Encoder | Decoder", input_ids: torch.Tensor | None, inputs_embeds: torch.Tensor | None, past: int = 0
-):
-    """The input of either stack (§3.4, §3.5): token embeddings × √d_model + positional encodings, then dropout (§5.4).
-    ``past`` tokens are already in the decoder's cache, so the new ones take the positions after them."""
-    if inputs_embeds is None:
-        inputs_embeds = stack.embed_tokens(input_ids)
-    length, max_positions = inputs_embeds.shape[1], stack.config.max_position_embeddings
-    # `past` is a tensor with a static cache: checking it would cost a device sync per decoding step
-    if stack.config.position_embedding_type == "learned" and isinstance(past, int) and past + length > max_positions:
-        raise ValueError(
-            f"Sequence too long: position {past + length - 1} needs more than max_position_embeddings={max_positions}"
-            " learned positions; shorten the input or use position_embedding_type='sinusoidal', which extends to any "
-            "length."
-        )
-    positions = stack.embed_positions(torch.arange(length, device=inputs_embeds.device) + past)
-    hidden_states = inputs_embeds * stack.embed_scale + positions.to(inputs_embeds.dtype)
-    return F.dropout(hidden_states, p=stack.config.dropout, training=stack.training)
-
-
 class Encoder(VanillaTransformerPreTrainedModel):
     """The encoder: embeddings × √d_model + positional encoding, then a stack of N EncoderLayers (§3.1, §3.4, §3.5)."""
 
@@ -366,9 +374,7 @@ class Encoder(VanillaTransformerPreTrainedModel):
 
     def __init__(self, config: VanillaTransformerConfig, embed_tokens: nn.Embedding):
         super().__init__(config)
-        self.embed_tokens = embed_tokens
-        self.embed_scale = math.sqrt(config.d_model) if config.scale_embedding else 1.0
-        self.embed_positions = _embed_positions(config)
+        self.embeddings = Embeddings(config, embed_tokens)
         self.layers = nn.ModuleList(EncoderLayer(config, i) for i in range(config.encoder_layers))
         self.layer_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps) if config.normalize_before else None
         self.gradient_checkpointing = False
@@ -385,8 +391,8 @@ class Encoder(VanillaTransformerPreTrainedModel):
     ) -> BaseModelOutput:
         if (input_ids is None) == (inputs_embeds is None):
             raise ValueError("Pass exactly one of `input_ids` or `inputs_embeds` to the encoder.")
-        _check_inputs(self.config, input_ids, inputs_embeds, attention_mask)
-        hidden_states = embed(self, input_ids, inputs_embeds)
+        check_inputs(self.config, input_ids, inputs_embeds, attention_mask)
+        hidden_states = self.embeddings(input_ids, inputs_embeds)
         # built once for all layers: None (nothing padded, sdpa) or (batch, 1, src_len, src_len)
         mask = create_bidirectional_mask(config=self.config, inputs_embeds=hidden_states, attention_mask=attention_mask)
         for layer in self.layers:
@@ -407,9 +413,7 @@ class Decoder(VanillaTransformerPreTrainedModel):
 
     def __init__(self, config: VanillaTransformerConfig, embed_tokens: nn.Embedding):
         super().__init__(config)
-        self.embed_tokens = embed_tokens
-        self.embed_scale = math.sqrt(config.d_model) if config.scale_embedding else 1.0
-        self.embed_positions = _embed_positions(config)
+        self.embeddings = Embeddings(config, embed_tokens)
         self.layers = nn.ModuleList(DecoderLayer(config, i) for i in range(config.decoder_layers))
         self.layer_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps) if config.normalize_before else None
         self.gradient_checkpointing = False
@@ -432,7 +436,7 @@ class Decoder(VanillaTransformerPreTrainedModel):
         if (input_ids is None) == (inputs_embeds is None):
             raise ValueError("Pass exactly one of `decoder_input_ids` or `decoder_inputs_embeds` to the decoder.")
         past_length = cache.get_seq_length() if cache is not None else 0
-        _check_inputs(
+        check_inputs(
             self.config,
             input_ids,
             inputs_embeds,
@@ -444,7 +448,7 @@ class Decoder(VanillaTransformerPreTrainedModel):
         )
         if use_cache and cache is None:
             cache = EncoderDecoderCache(DynamicCache(config=self.config), DynamicCache(config=self.config))
-        hidden_states = embed(self, input_ids, inputs_embeds, past=past_length)
+        hidden_states = self.embeddings(input_ids, inputs_embeds, past=past_length)
 
         # Masks are built once for all layers. Self-attention: causal (§3.2.3, "masking out all values ... which
         # correspond to illegal connections") and target padding; None when sdpa can use is_causal instead.
@@ -475,82 +479,6 @@ class Decoder(VanillaTransformerPreTrainedModel):
         )
 
 
-_HOST_DEVICES = ("cpu",)  # reading a tensor's values there costs no device-to-host synchronisation
-
-
-def _check_inputs(
-    config: VanillaTransformerConfig,
-    input_ids: torch.Tensor | None = None,
-    inputs_embeds: torch.Tensor | None = None,
-    attention_mask: torch.Tensor | None = None,
-    *,
-    decoder: bool = False,
-    past_length: int = 0,
-    encoder_hidden_states: torch.Tensor | None = None,
-    encoder_attention_mask: torch.Tensor | None = None,
-    labels: torch.Tensor | None = None,
-) -> None:
-    """Turn bad inputs into one clear error (argument, value, what is allowed) instead of an IndexError in the
-    embedding, a shape error deep in attention, or a silently misaligned mask. Names are those the user passed to the
-    top-level model. Shapes cost nothing; the id range costs one min/max, whose result an accelerator must send to
-    the host, so there it is read where ids enter (the source, labels, a decoder input without a cache) and not at
-    every decoding step, whose ids generate() made. Skipped under torch.compile, whose graphs must not branch on
-    tensor values."""
-    if torch.compiler.is_compiling():
-        return
-    prefix = "decoder_" if decoder else ""
-    vocab_field = "decoder_vocab_size" if decoder else "vocab_size"
-    vocab_size = getattr(config, vocab_field)
-
-    def check_ids(name: str, ids: torch.Tensor, ignore_index: int | None = None) -> None:
-        if ids.dtype.is_floating_point or ids.dtype.is_complex or ids.dtype == torch.bool:
-            raise TypeError(f"`{name}` must hold integer token ids, got dtype {ids.dtype}.")
-        if ids.ndim != 2:
-            raise ValueError(f"`{name}` must have shape (batch, sequence length), got {tuple(ids.shape)}.")
-        if ignore_index is not None:
-            ids = ids.masked_fill(ids == ignore_index, 0)
-        if ids.numel() == 0 or (past_length and ids.device.type not in _HOST_DEVICES):
-            return
-        low, high = (int(v) for v in torch.aminmax(ids))
-        if low < 0 or high >= vocab_size:
-            allowed = f"[0, {vocab_field}={vocab_size})" + (f" or {ignore_index}" if ignore_index is not None else "")
-            raise ValueError(
-                f"`{name}` contains the token id {low if low < 0 else high}; ids must be in {allowed}. Check that the "
-                "tokenizer matches the model config."
-            )
-
-    if labels is not None:
-        check_ids("labels", labels, ignore_index=-100)
-    if input_ids is None and inputs_embeds is None:
-        return
-    name = f"{prefix}input_ids" if input_ids is not None else f"{prefix}inputs_embeds"
-    if input_ids is not None:
-        check_ids(name, input_ids)
-    batch_size, length = (input_ids if input_ids is not None else inputs_embeds).shape[:2]
-    if batch_size == 0 or length == 0:
-        raise ValueError(
-            f"`{name}` has shape {tuple((input_ids if input_ids is not None else inputs_embeds).shape)}: an empty "
-            "batch or a zero-length sequence; every sequence needs at least one token (e.g. the eos token)."
-        )
-    if encoder_hidden_states is not None and encoder_hidden_states.shape[0] != batch_size:
-        made_from = " (or `labels`, from which they are made)" if input_ids is not None else ""
-        raise ValueError(
-            f"`{name}`{made_from} has batch size {batch_size} but the source (`input_ids` or `encoder_outputs`) has "
-            f"{encoder_hidden_states.shape[0]}: each target sentence needs its source sentence."
-        )
-    # A 4D mask is already prepared (generate builds one for a static cache) and is passed through as it is.
-    masks = [(f"{prefix}attention_mask", attention_mask, (batch_size, past_length + length), name)]
-    if encoder_hidden_states is not None:
-        masks.append(("attention_mask", encoder_attention_mask, tuple(encoder_hidden_states.shape[:2]), "input_ids"))
-    for mask_name, mask, expected, of in masks:
-        if mask is not None and mask.ndim != 4 and tuple(mask.shape) != expected:
-            what = "past + current tokens" if past_length and of == name else "sequence length"
-            raise ValueError(
-                f"`{mask_name}` has shape {tuple(mask.shape)} but `{of}` needs {expected} (batch, {what}): "
-                "one 1 (keep) or 0 (padding) per token."
-            )
-
-
 class VanillaTransformerModel(VanillaTransformerPreTrainedModel):
     """The bare encoder-decoder of Figure 1, returning the decoder's last hidden states."""
 
@@ -561,8 +489,8 @@ class VanillaTransformerModel(VanillaTransformerPreTrainedModel):
             self.shared = nn.Embedding(config.vocab_size, config.d_model, config.pad_token_id)
             encoder_embeddings = decoder_embeddings = self.shared
             self._tied_weights_keys = {
-                "encoder.embed_tokens.weight": "shared.weight",
-                "decoder.embed_tokens.weight": "shared.weight",
+                "encoder.embeddings.embed_tokens.weight": "shared.weight",
+                "decoder.embeddings.embed_tokens.weight": "shared.weight",
             }
         else:
             encoder_embeddings = nn.Embedding(config.vocab_size, config.d_model, _pad(config, config.vocab_size))
@@ -574,13 +502,13 @@ class VanillaTransformerModel(VanillaTransformerPreTrainedModel):
         self.post_init()
 
     def get_input_embeddings(self) -> nn.Embedding:
-        return self.encoder.embed_tokens
+        return self.encoder.embeddings.embed_tokens
 
     def set_input_embeddings(self, value: nn.Embedding) -> None:
         if self.config.share_encoder_decoder_embeddings:
             self.shared = value
-            self.decoder.embed_tokens = value
-        self.encoder.embed_tokens = value
+            self.decoder.embeddings.embed_tokens = value
+        self.encoder.embeddings.embed_tokens = value
 
     def get_encoder(self, modality: str | None = None) -> Encoder:
         return self.encoder
@@ -698,11 +626,11 @@ class VanillaTransformerForConditionalGeneration(VanillaTransformerPreTrainedMod
         if config.share_encoder_decoder_embeddings:
             self._tied_weights_keys = {
                 "lm_head.weight": "model.shared.weight",
-                "model.encoder.embed_tokens.weight": "model.shared.weight",
-                "model.decoder.embed_tokens.weight": "model.shared.weight",
+                "model.encoder.embeddings.embed_tokens.weight": "model.shared.weight",
+                "model.decoder.embeddings.embed_tokens.weight": "model.shared.weight",
             }
         else:
-            self._tied_weights_keys = {"lm_head.weight": "model.decoder.embed_tokens.weight"}
+            self._tied_weights_keys = {"lm_head.weight": "model.decoder.embeddings.embed_tokens.weight"}
         self.post_init()
 
     def get_encoder(self, modality: str | None = None) -> Encoder:
@@ -758,7 +686,7 @@ class VanillaTransformerForConditionalGeneration(VanillaTransformerPreTrainedMod
         r"""num_items_in_batch: the number of labelled tokens in the whole (accumulated) batch, passed by Trainer, so
         that the loss summed over micro-batches is the mean over that batch whatever the accumulation."""
         if labels is not None:
-            _check_inputs(self.config, decoder=True, labels=labels)
+            check_inputs(self.config, decoder=True, labels=labels)
             use_cache = False
             if decoder_input_ids is None and decoder_inputs_embeds is None:
                 decoder_input_ids = self.prepare_decoder_input_ids_from_labels(labels)
@@ -830,8 +758,8 @@ class VanillaTransformerForSequenceClassification(VanillaTransformerPreTrainedMo
         self.classification_head = VanillaTransformerClassificationHead(config)
         if config.share_encoder_decoder_embeddings:
             self._tied_weights_keys = {
-                "model.encoder.embed_tokens.weight": "model.shared.weight",
-                "model.decoder.embed_tokens.weight": "model.shared.weight",
+                "model.encoder.embeddings.embed_tokens.weight": "model.shared.weight",
+                "model.decoder.embeddings.embed_tokens.weight": "model.shared.weight",
             }
         self.post_init()
 

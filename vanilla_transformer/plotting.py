@@ -232,7 +232,7 @@ def model_position_table(model, num_positions: int) -> tuple[torch.Tensor, str]:
     """The positions the model adds to its encoder input: the sinusoids, or the learned table (Table 3, row E)."""
     config = model.config
     if config.position_embedding_type == "learned":
-        table = model.get_encoder().embed_positions.weight.detach().float().cpu()
+        table = model.get_encoder().embeddings.embed_positions.weight.detach().float().cpu()
         return table[:num_positions], "learned"
     return sinusoidal_table(config.d_model, num_positions), "sinusoidal"
 
