@@ -508,12 +508,6 @@ class VanillaTransformerModel(VanillaTransformerPreTrainedModel):
             self.decoder.embeddings.embed_tokens = value
         self.encoder.embeddings.embed_tokens = value
 
-    def get_encoder(self, modality: str | None = None) -> Encoder:
-        return self.encoder
-
-    def get_decoder(self) -> Decoder:
-        return self.decoder
-
     @can_return_tuple
     @deprecate_kwarg("past_key_values", "5.40.0", new_name="cache")
     def forward(
@@ -630,18 +624,6 @@ class VanillaTransformerForConditionalGeneration(VanillaTransformerPreTrainedMod
         else:
             self._tied_weights_keys = {"lm_head.weight": "model.decoder.embeddings.embed_tokens.weight"}
         self.post_init()
-
-    def get_encoder(self, modality: str | None = None) -> Encoder:
-        return self.model.encoder
-
-    def get_decoder(self) -> Decoder:
-        return self.model.decoder
-
-    def get_output_embeddings(self) -> nn.Linear:
-        return self.lm_head
-
-    def set_output_embeddings(self, new_embeddings: nn.Linear) -> None:
-        self.lm_head = new_embeddings
 
     def resize_token_embeddings(
         self, new_num_tokens: int | None = None, pad_to_multiple_of: int | None = None, mean_resizing: bool = True
