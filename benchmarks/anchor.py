@@ -16,7 +16,6 @@ nothing else: the drop-in comparison. Prints one result line and writes result.j
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
@@ -24,7 +23,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import torch  # noqa: E402
-from common import corpus_files, result_line, test_bleu  # noqa: E402
+from common import corpus_files, report, test_bleu  # noqa: E402
 from datasets import load_dataset  # noqa: E402
 from transformers import (  # noqa: E402
     DataCollatorForSeq2Seq,
@@ -152,10 +151,7 @@ def main(argv: list[str] | None = None) -> dict:
         "test_chrf": round(chrf, 2),
         "log_history": trainer.state.log_history,
     }
-    with open(os.path.join(args.output_dir, "result.json"), "w") as f:
-        json.dump(result, f, indent=1)
-    print(result_line(result))
-    return result
+    return report(result, args.output_dir)
 
 
 if __name__ == "__main__":

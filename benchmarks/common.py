@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 
 import sacrebleu
@@ -35,3 +36,11 @@ def test_bleu(model, tokenizer, test_split, src: str, tgt: str, num_beams: int =
 def result_line(result: dict) -> str:
     keys = ("recipe", "steps", "train_minutes", "eval_loss", "test_bleu", "test_chrf")
     return "result: " + "  ".join(f"{key}={result[key]}" for key in keys if key in result)
+
+
+def report(result: dict, output_dir: str) -> dict:
+    """Write `result` to output_dir/result.json and print its one-line summary."""
+    with open(os.path.join(output_dir, "result.json"), "w") as f:
+        json.dump(result, f, indent=1)
+    print(result_line(result))
+    return result

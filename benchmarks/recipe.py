@@ -21,7 +21,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from common import corpus_files, result_line  # noqa: E402
+from common import corpus_files, report  # noqa: E402
 from compare import format_comparison, paired_bootstrap, read_lines  # noqa: E402
 
 TRAIN = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "scripts", "train.py")
@@ -72,10 +72,7 @@ def main(argv: list[str] | None = None) -> dict:
         comparison = paired_bootstrap(references, anchor, hypotheses)
         result["versus_anchor"] = comparison
         print("versus the anchor:", format_comparison(comparison))
-    with open(os.path.join(args.output_dir, "result.json"), "w") as f:
-        json.dump(result, f, indent=1)
-    print(result_line(result))
-    return result
+    return report(result, args.output_dir)
 
 
 if __name__ == "__main__":

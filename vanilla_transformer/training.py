@@ -180,8 +180,8 @@ def default_generation_config(config, num_beams: int = 4, max_length: int = 257)
     """Beam search as in the paper (§6.1: beam size 4); `max_length` counts the decoder start token. Beam search
     stops by transformers' default rule (`early_stopping=False`: when no running beam can still beat the finished
     ones), not at the first `num_beams` finished hypotheses (`True`), which can return a short, broken hypothesis
-    while a running beam would have scored better: a demo model decoded 40 % of its test set exactly with `True`
-    and 99.6 % with `False`."""
+    while a running beam would have scored better: a demo training decoded 40 % of its test set exactly with `True`
+    and 100 % with `False`."""
     return GenerationConfig(
         num_beams=num_beams,
         max_length=max_length,
