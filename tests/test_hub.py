@@ -247,6 +247,7 @@ def test_saved_folder_has_everything_a_hub_user_needs(checkpoint):
         "configuration_vanilla_transformer.py",
         "modeling_vanilla_transformer.py",
         "input_checks_vanilla_transformer.py",
+        "loss_vanilla_transformer.py",
         "pipeline_vanilla_transformer.py",
         "model.safetensors",
         "generation_config.json",
@@ -260,6 +261,7 @@ def test_saved_folder_has_everything_a_hub_user_needs(checkpoint):
         "configuration_vanilla_transformer.py",
         "modeling_vanilla_transformer.py",
         "input_checks_vanilla_transformer.py",
+        "loss_vanilla_transformer.py",
         "pipeline_vanilla_transformer.py",
     ):
         assert (checkpoint.path / source).read_bytes() == (package / source).read_bytes()

@@ -191,6 +191,7 @@ def test_save_load_round_trip(tmp_path, caplog):
         "configuration_vanilla_transformer.py",
         "modeling_vanilla_transformer.py",
         "input_checks_vanilla_transformer.py",
+        "loss_vanilla_transformer.py",
         "pipeline_vanilla_transformer.py",
     } <= files
 
