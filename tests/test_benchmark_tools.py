@@ -118,3 +118,18 @@ def test_paired_bootstrap_finds_a_real_gain_and_no_gain_between_equals():
     assert abs(tie["delta"]) < 5 and tie["p_value"] > 0.05
     with pytest.raises(ValueError, match="same number of lines"):
         compare.paired_bootstrap(references, worse[:-1], references)
+
+
+def test_end_to_end_driver_gives_train_py_the_marian_side_settings(tmp_path):
+    """The end-to-end benchmark's command for train.py parses, and asks for what the Marian side does."""
+    end_to_end = load_script("end_to_end", folder="benchmarks")
+    args = end_to_end.parse_arguments(["--data_dir", str(tmp_path), "--max_steps", "7", "--batch_size", "5"])
+    command = end_to_end.ours_command(args, str(tmp_path / "run"))
+    model_args, _, training_args, _ = load_script("train").parse_arguments(command[2:])
+    assert (training_args.max_steps, training_args.per_device_train_batch_size) == (7, 5)
+    assert (training_args.label_smoothing_factor, training_args.learning_rate) == (0.1, args.learning_rate)
+    assert training_args.max_tokens_per_batch is None and training_args.threads == 1
+    assert (training_args.do_train, training_args.do_eval, training_args.eval_strategy) == (True, False, "no")
+    assert "d_model=256" in model_args.config_overrides and model_args.tokenizer_name.endswith("tokenizer")
+    with pytest.raises(SystemExit):
+        end_to_end.parse_arguments(["--data_dir", str(tmp_path), "--pairs", "0"])

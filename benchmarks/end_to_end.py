@@ -1,0 +1,194 @@
+#!/usr/bin/env python
+"""End-to-end training speed: `scripts/train.py` training our model against a `run_translation.py`-style
+Seq2SeqTrainer run of transformers' MarianMTModel, the two processes taking turns (M P M P ...).
+
+Both train on the same corpus, with the same joint tokenizer (trained once here), at the same size, batch, steps,
+learning rate and label smoothing 0.1, with ReLU, one thread, no evaluation and no checkpoints. Our side is the
+command a user runs; the Marian side is what `run_translation.py` does in training (AutoModelForSeq2SeqLM built from a
+config, `DataCollatorForSeq2Seq`, `Seq2SeqTrainer` with `label_smoothing_factor`, so Trainer's `LabelSmoother`), run
+in this file's own child process. Reported: `train_samples_per_second` as Trainer computes it, the median of the
+per-pair ratios, and each process's peak resident memory (from `wait4`).
+
+    python benchmarks/build_mo_corpus.py --output_dir data/en-fr
+    python benchmarks/end_to_end.py --data_dir data/en-fr --size small --max_steps 100 --pairs 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+SIZES = {  # field names shared by MarianConfig and VanillaTransformerConfig
+    "tiny": dict(d_model=32, encoder_layers=1, decoder_layers=1, encoder_attention_heads=2, decoder_attention_heads=2,
+                 encoder_ffn_dim=64, decoder_ffn_dim=64),
+    "small": dict(d_model=256, encoder_layers=3, decoder_layers=3, encoder_attention_heads=4, decoder_attention_heads=4,
+                  encoder_ffn_dim=1024, decoder_ffn_dim=1024),
+    "base": dict(d_model=512, encoder_layers=6, decoder_layers=6, encoder_attention_heads=8, decoder_attention_heads=8,
+                 encoder_ffn_dim=2048, decoder_ffn_dim=2048),
+}  # fmt: skip
+MAX_LENGTH = 256  # source and target truncation on both sides (train.py's presets)
+
+
+def parse_arguments(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--data_dir", required=True, help="train.jsonl (run_translation.py's format), e.g. from "
+                        "build_mo_corpus.py")  # fmt: skip
+    parser.add_argument("--output_dir", default="outputs/end-to-end")
+    parser.add_argument("--size", choices=sorted(SIZES), default="small")
+    parser.add_argument("--source_lang", default="en")
+    parser.add_argument("--target_lang", default="fr")
+    parser.add_argument("--vocab_size", type=int, default=8000)
+    parser.add_argument("--max_steps", type=int, default=100)
+    parser.add_argument("--batch_size", type=int, default=32)
+    parser.add_argument("--learning_rate", type=float, default=5e-4)
+    parser.add_argument("--pairs", type=int, default=2, help="Marian/ours runs, interleaved")
+    parser.add_argument("--seed", type=int, default=42)
+    parser.add_argument("--child", choices=("marian",), help=argparse.SUPPRESS)
+    parser.add_argument("--run_dir", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    for name in ("max_steps", "batch_size", "pairs", "vocab_size"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name} must be a positive integer")
+    return args
+
+
+def train_marian(args: argparse.Namespace) -> None:
+    """The child process: MarianMTModel trained as run_translation.py trains it; writes all_results.json."""
+    import torch
+    from datasets import load_dataset
+    from transformers import (
+        AutoModelForSeq2SeqLM,
+        AutoTokenizer,
+        DataCollatorForSeq2Seq,
+        MarianConfig,
+        Seq2SeqTrainer,
+        Seq2SeqTrainingArguments,
+        set_seed,
+    )
+
+    torch.set_num_threads(1)
+    set_seed(args.seed)
+    tokenizer = AutoTokenizer.from_pretrained(os.path.join(args.output_dir, "tokenizer"))
+    vocab = len(tokenizer)
+    config = MarianConfig(
+        vocab_size=vocab, decoder_vocab_size=vocab, **SIZES[args.size], activation_function="relu", dropout=0.1,
+        max_position_embeddings=MAX_LENGTH + 2, scale_embedding=True, pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id, decoder_start_token_id=tokenizer.pad_token_id,
+    )  # fmt: skip
+    model = AutoModelForSeq2SeqLM.from_config(config)
+    src, tgt = args.source_lang, args.target_lang
+
+    def tokenize(batch):
+        pairs = batch["translation"]
+        sources, targets = [p[src] for p in pairs], [p[tgt] for p in pairs]
+        return tokenizer(sources, text_target=targets, max_length=MAX_LENGTH, truncation=True)
+
+    raw = load_dataset("json", data_files={"train": os.path.join(args.data_dir, "train.jsonl")})["train"]
+    train = raw.map(tokenize, batched=True, remove_columns=raw.column_names)
+    training_args = Seq2SeqTrainingArguments(
+        output_dir=args.run_dir, max_steps=args.max_steps, per_device_train_batch_size=args.batch_size,
+        learning_rate=args.learning_rate, label_smoothing_factor=0.1, save_strategy="no", eval_strategy="no",
+        report_to=[], seed=args.seed, use_cpu=True, disable_tqdm=True, logging_steps=args.max_steps,
+    )  # fmt: skip
+    collator = DataCollatorForSeq2Seq(tokenizer, model=model, label_pad_token_id=-100)
+    trainer = Seq2SeqTrainer(
+        model=model, args=training_args, train_dataset=train, data_collator=collator, processing_class=tokenizer
+    )
+    metrics = trainer.train().metrics
+    trainer.save_metrics("all", metrics)
+
+
+def ours_command(args: argparse.Namespace, run_dir: str) -> list[str]:
+    overrides = ",".join(f"{key}={value}" for key, value in SIZES[args.size].items())
+    return [
+        sys.executable, os.path.join(ROOT, "scripts", "train.py"), "--preset", "base",
+        "--config_overrides", f"{overrides},dropout=0.1,max_position_embeddings={MAX_LENGTH}",
+        "--train_file", os.path.join(args.data_dir, "train.jsonl"), "--source_lang", args.source_lang,
+        "--target_lang", args.target_lang, "--tokenizer_name", os.path.join(args.output_dir, "tokenizer"),
+        "--max_source_length", str(MAX_LENGTH), "--max_target_length", str(MAX_LENGTH),
+        "--do_train", "--output_dir", run_dir, "--max_steps", str(args.max_steps),
+        "--per_device_train_batch_size", str(args.batch_size), "--learning_rate", str(args.learning_rate),
+        "--label_smoothing_factor", "0.1", "--save_strategy", "no", "--eval_strategy", "no", "--seed", str(args.seed),
+        "--threads", "1", "--report_to", "none", "--disable_tqdm", "true", "--logging_steps", str(args.max_steps),
+    ]  # fmt: skip
+
+
+def run(command: list[str], run_dir: str) -> dict:
+    """Run one training process; its samples/s (Trainer's metric) and peak resident memory."""
+    env = dict(os.environ, OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false")
+    start = time.perf_counter()
+    with open(os.path.join(run_dir, "log.txt"), "w") as log:
+        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env)
+        _, status, usage = os.wait4(process.pid, 0)
+    if os.waitstatus_to_exitcode(status) != 0:
+        raise RuntimeError(f"{' '.join(command[:3])} ... failed; see {run_dir}/log.txt")
+    with open(os.path.join(run_dir, "all_results.json")) as f:
+        metrics = json.load(f)
+    return {
+        "train_samples_per_second": metrics["train_samples_per_second"],
+        "train_runtime": metrics["train_runtime"],
+        "peak_rss_mib": usage.ru_maxrss / 1024,  # KiB on Linux
+        "wall_s": time.perf_counter() - start,
+    }
+
+
+def main(argv: list[str] | None = None) -> dict:
+    args = parse_arguments(argv)
+    if args.child == "marian":
+        train_marian(args)
+        return {}
+    from vanilla_transformer.tokenizer import train_tokenizer
+
+    train_file = os.path.join(args.data_dir, "train.jsonl")
+    if not os.path.isfile(train_file):
+        raise SystemExit(f"missing {train_file}: build the corpus first (benchmarks/build_mo_corpus.py)")
+    with open(train_file) as f:
+        pairs = [json.loads(line)["translation"] for line in f]
+    texts = (text for pair in pairs for text in (pair[args.source_lang], pair[args.target_lang]))
+    train_tokenizer(texts, vocab_size=args.vocab_size).save_pretrained(os.path.join(args.output_dir, "tokenizer"))
+
+    runs = {"marian": [], "vanilla": []}
+    for index in range(args.pairs):
+        for name in ("marian", "vanilla"):
+            run_dir = os.path.join(args.output_dir, f"{name}-{index}")
+            os.makedirs(run_dir, exist_ok=True)
+            if name == "vanilla":
+                command = ours_command(args, run_dir)
+            else:
+                command = [sys.executable, os.path.abspath(__file__), *(argv or sys.argv[1:]), "--child", "marian"]
+                command += ["--run_dir", run_dir]
+            runs[name].append(run(command, run_dir))
+            print(f"{name} run {index + 1}/{args.pairs}: {runs[name][-1]}", flush=True)
+    speed = {name: [r["train_samples_per_second"] for r in rs] for name, rs in runs.items()}
+    memory = {name: [r["peak_rss_mib"] for r in rs] for name, rs in runs.items()}
+    result = {
+        "size": args.size,
+        "max_steps": args.max_steps,
+        "batch_size": args.batch_size,
+        "samples_per_second": {name: statistics.median(values) for name, values in speed.items()},
+        "speed_ratio": statistics.median(v / m for v, m in zip(speed["vanilla"], speed["marian"])),
+        "peak_rss_mib": {name: statistics.median(values) for name, values in memory.items()},
+        "memory_ratio": statistics.median(v / m for v, m in zip(memory["vanilla"], memory["marian"])),
+        "runs": runs,
+    }
+    with open(os.path.join(args.output_dir, "result.json"), "w") as f:
+        json.dump(result, f, indent=1)
+    speed, memory = result["samples_per_second"], result["peak_rss_mib"]
+    print(
+        f"result: size={args.size} steps={args.max_steps} batch={args.batch_size} samples/s ours={speed['vanilla']:.2f}"
+        f" marian={speed['marian']:.2f} ratio={result['speed_ratio']:.2f}x peak RSS ours={memory['vanilla']:.0f} MiB"
+        f" marian={memory['marian']:.0f} MiB ratio={result['memory_ratio']:.2f}x"
+    )
+    return result
+
+
+if __name__ == "__main__":
+    main()
