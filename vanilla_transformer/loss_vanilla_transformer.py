@@ -48,15 +48,20 @@ class TokenCrossEntropy(torch.autograd.Function):
         logits, log_normaliser, targets, labelled = ctx.saved_tensors
         eps = ctx.label_smoothing
         grad = torch.empty_like(logits)
-        for block, norm, grad_block in zip(*(t.tensor_split(_BLOCKS) for t in (logits, log_normaliser, grad))):
+        scale = (grad_output * labelled).to(grad.dtype)  # 0 where the label is -100
+        # block by block, so that each pass over a block finds it in cache
+        for block, norm, target, row_scale, grad_block in zip(
+            *(t.tensor_split(_BLOCKS) for t in (logits, log_normaliser, targets, scale, grad))
+        ):
             if block.dtype == norm.dtype:
                 torch.sub(block, norm[:, None], out=grad_block).exp_()  # softmax(logits), written in place
             else:  # half precision: exponentiate in float32, then round once
                 grad_block.copy_(torch.exp(block.to(norm.dtype) - norm[:, None]))
-        if eps:
-            grad.sub_(eps / logits.shape[-1])
-        grad.scatter_add_(1, targets[:, None], grad.new_full((grad.shape[0], 1), eps - 1.0))  # - (1-ε) onehot
-        return grad.mul_((grad_output * labelled)[:, None].to(grad.dtype)), None, None
+            if eps:
+                grad_block.sub_(eps / logits.shape[-1])
+            grad_block.scatter_add_(1, target[:, None], grad_block.new_full((len(target), 1), eps - 1.0))
+            grad_block.mul_(row_scale[:, None])
+        return grad, None, None
 
 
 def token_cross_entropy(
