@@ -5,6 +5,7 @@ naming the parallelism in use."""
 import json
 import subprocess
 import sys
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -13,7 +14,9 @@ from safetensors.torch import load_file
 from test_hub import fresh_python  # noqa: F401 (a fixture: Python of an environment without the package)
 
 from vanilla_transformer.data import demo_corpus
+from vanilla_transformer.sharding import check_parallelism_can_run
 from vanilla_transformer.tokenizer import iterate_texts, train_tokenizer
+from vanilla_transformer.training import TranslationTrainingArguments
 
 train_script = load_script("train")
 
@@ -23,12 +26,11 @@ FSDP_LAUNCH = [
     *("--fsdp_transformer_layer_cls_to_wrap", "EncoderLayer,DecoderLayer", "--fsdp_state_dict_type", "FULL_STATE_DICT"),
     *("--fsdp_reshard_after_forward", "true"),
 ]
-# transformers' own flags for the same thing, with a plain multi-process launch
+# transformers' own flags for the same thing, with a plain multi-process launch; rank 0 alone builds the weights and
+# sends each process its shards (cpu_ram_efficient_loading)
 TRANSFORMERS_FSDP = [
-    "--fsdp",
-    "full_shard auto_wrap",
-    "--fsdp_config",
-    '{"transformer_layer_cls_to_wrap": ["EncoderLayer", "DecoderLayer"]}',
+    *("--fsdp", "full_shard auto_wrap", "--fsdp_config"),
+    '{"transformer_layer_cls_to_wrap": ["EncoderLayer", "DecoderLayer"], "cpu_ram_efficient_loading": true}',
 ]
 
 # Records, on rank 0, the weights gathered from the shards when training ends; with a step number as argv[3], ends
@@ -234,13 +236,13 @@ def test_fsdp_resumed_run_ends_with_the_weights_of_an_uninterrupted_one(fsdp_run
     assert_same_weights(final, gathered)
 
 
-def test_gradient_checkpointing_under_fsdp_with_transformers_flags(fsdp_run, tmp_path, tokenizer):
+def test_gradient_checkpointing_and_rank0_loading_under_fsdp_with_transformers_flags(fsdp_run, tmp_path, tokenizer):
     out, _, gathered = fsdp_run
     args = train_args(tmp_path / "out", tokenizer) + [*TRANSFORMERS_FSDP, "--gradient_checkpointing", "true"]
     result, folder = launch(tmp_path, "checkpointed", ["--multi_gpu"], args)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "parallelism: FSDP2 (full shard, wrapping EncoderLayer, DecoderLayer, FULL_STATE_DICT)" in result.stdout
-    # recomputing the layers' activations in the backward pass gives the same floats
+    # recomputing the layers' activations in the backward pass, and weights sent from rank 0, give the same floats
     assert_same_weights(load_file(str(tmp_path / "out" / "model.safetensors")), gathered)
 
 
@@ -254,3 +256,22 @@ def test_fsdp1_on_cpu_processes_is_refused_in_one_line(tmp_path, tokenizer, monk
         "train.py: error: FSDP version 1 cannot run on CPU processes; use FSDP2: `accelerate launch --use_fsdp "
         "--fsdp_version 2 ...`, or --fsdp with --fsdp_config '{\"version\": 2, ...}'."
     )
+
+
+@pytest.mark.parametrize(
+    "settings, message",
+    [
+        ({"fsdp": "full_shard auto_wrap", "fsdp_config": {"version": 1}}, "FSDP version 1 cannot run on CPU"),
+        ({"deepspeed": "ds_config.json"}, "DeepSpeed cannot run on CPU processes"),
+    ],
+)
+def test_sharding_that_cannot_run_on_cpu_processes_is_refused(settings, message, monkeypatch):
+    # transformers' flags as the training arguments hold them (parsing --deepspeed needs deepspeed installed)
+    monkeypatch.delenv("FSDP_CPU_RAM_EFFICIENT_LOADING", raising=False)  # the arguments set it; restored after
+    fsdp_args = None
+    if "fsdp" in settings:
+        fsdp_args = TranslationTrainingArguments(output_dir="x", **settings).fsdp_plugin_args
+    args = SimpleNamespace(fsdp_plugin_args=fsdp_args, deepspeed=settings.get("deepspeed"))
+    with pytest.raises(ValueError, match=message):
+        check_parallelism_can_run(args)
+    check_parallelism_can_run(SimpleNamespace(fsdp_plugin_args=None, deepspeed=None))  # nothing asked: nothing said

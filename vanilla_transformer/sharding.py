@@ -34,14 +34,26 @@ def requested_fsdp_version(args: TrainingArguments) -> int | None:
     return None
 
 
-def check_fsdp_can_run(args: TrainingArguments) -> None:
-    """Refuse, before Accelerate is set up, FSDP1 on CPU processes: its plugin looks for a GPU (sync_module_states)
-    and fails with "There are currently no available devices found". FSDP2 runs there."""
+def check_parallelism_can_run(args: TrainingArguments) -> None:
+    """Refuse, before Accelerate is set up, sharding that cannot run on CPU processes, instead of training without it:
+
+    - FSDP1 (Accelerate's default `--fsdp_version`): its plugin looks for a GPU and fails with "There are currently
+      no available devices found". FSDP2 runs there.
+    - DeepSpeed (`--deepspeed`, `accelerate launch --use_deepspeed`): Accelerate turns it on only off the CPU, so the
+      processes would train with plain DDP; with the CPU left out of their set-up, DeepSpeed's CPU accelerator
+      counts 2 ranks where Accelerate counts 1 and stops on its batch-size check."""
+    if torch.accelerator.is_available():
+        return
     version = requested_fsdp_version(args)
-    if version is not None and version != 2 and not torch.accelerator.is_available():
+    if version is not None and version != 2:
         raise ValueError(
             f"FSDP version {version} cannot run on CPU processes; use FSDP2: `accelerate launch --use_fsdp "
             "--fsdp_version 2 ...`, or --fsdp with --fsdp_config '{\"version\": 2, ...}'."
+        )
+    if getattr(args, "deepspeed", None) or os.environ.get("ACCELERATE_USE_DEEPSPEED", "false").lower() == "true":
+        raise ValueError(
+            "DeepSpeed cannot run on CPU processes (Accelerate turns it on only on GPUs, and they would train with "
+            "plain DDP); shard with FSDP2 instead (`accelerate launch --use_fsdp --fsdp_version 2 ...`)."
         )
 
 
@@ -54,7 +66,7 @@ def enable_fsdp_on_cpu(accelerator: Accelerator, args: TrainingArguments) -> boo
     state = accelerator.state
     if state.distributed_type != DistributedType.MULTI_CPU or requested_fsdp_version(args) is None:
         return False
-    check_fsdp_can_run(args)
+    check_parallelism_can_run(args)
     plugin_args = getattr(args, "fsdp_plugin_args", None)
     plugin = FullyShardedDataParallelPlugin(**(plugin_args or {}))  # else from the FSDP_* environment
     if state.mixed_precision != "no":

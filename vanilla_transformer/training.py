@@ -31,7 +31,7 @@ from .configuration_vanilla_transformer import VanillaTransformerConfig
 from .modeling_vanilla_transformer import VanillaTransformerForConditionalGeneration
 from .sharding import (
     ParallelismReportCallback,
-    check_fsdp_can_run,
+    check_parallelism_can_run,
     enable_fsdp_on_cpu,
     load_full_state_dict_checkpoint,
     model_class_unwrapped,
@@ -375,7 +375,7 @@ class TranslationTrainer(TokenBatchingSeq2SeqTrainer):
     launch asked for it (`enable_fsdp_on_cpu`: Accelerate alone would train them with plain data parallelism)."""
 
     def create_accelerator_and_postprocess(self) -> None:
-        check_fsdp_can_run(self.args)
+        check_parallelism_can_run(self.args)
         super().create_accelerator_and_postprocess()
         if enable_fsdp_on_cpu(self.accelerator, self.args):
             self.is_fsdp_enabled = True
