@@ -17,6 +17,11 @@ dataset) trains the `compact` preset by default, for as long as you give it (or 
 Several processes or GPUs (on a CPU-only machine the processes join a gloo group):
 
     accelerate launch --multi_gpu --num_processes 2 scripts/train.py --output_dir outputs/demo-ddp
+    accelerate launch --use_fsdp --fsdp_version 2 --num_processes 2 --fsdp_auto_wrap_policy TRANSFORMER_BASED_WRAP \
+        --fsdp_transformer_layer_cls_to_wrap EncoderLayer,DecoderLayer --fsdp_state_dict_type FULL_STATE_DICT \
+        scripts/train.py --output_dir outputs/demo-fsdp
+
+The start-up line names the parallelism in use (single process, DDP, FSDP2); docs/training.md has the details.
 
 Every flag of transformers' Seq2SeqTrainingArguments is accepted (see --help); the paper's optimiser, schedule and label
 smoothing are the defaults, and a preset supplies a learning rate, warmup and batch size unless given. When none of
