@@ -3,6 +3,7 @@ its equivalence with a single-process run, resuming it, gradient checkpointing u
 naming the parallelism in use."""
 
 import json
+import socket
 import subprocess
 import sys
 from types import SimpleNamespace
@@ -66,8 +67,6 @@ train_script.main(sys.argv[4:], callbacks=[Watch(sys.argv[2], int(sys.argv[3]))]
 
 
 def free_port() -> int:
-    import socket
-
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
