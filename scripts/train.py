@@ -17,6 +17,11 @@ dataset) trains the `compact` preset by default, for as long as you give it (or 
 Several processes or GPUs (on a CPU-only machine the processes join a gloo group):
 
     accelerate launch --multi_gpu --num_processes 2 scripts/train.py --output_dir outputs/demo-ddp
+    accelerate launch --use_fsdp --fsdp_version 2 --num_processes 2 --fsdp_auto_wrap_policy TRANSFORMER_BASED_WRAP \
+        --fsdp_transformer_layer_cls_to_wrap EncoderLayer,DecoderLayer --fsdp_state_dict_type FULL_STATE_DICT \
+        scripts/train.py --output_dir outputs/demo-fsdp
+
+The start-up line names the parallelism in use (single process, DDP, FSDP2); docs/training.md has the details.
 
 Every flag of transformers' Seq2SeqTrainingArguments is accepted (see --help); the paper's optimiser, schedule and label
 smoothing are the defaults, and a preset supplies a learning rate, warmup and batch size unless given. When none of
@@ -40,6 +45,7 @@ from transformers import AutoTokenizer, HfArgumentParser, set_seed
 from vanilla_transformer import VanillaTransformerForConditionalGeneration
 from vanilla_transformer.checkpointing import check_checkpoint, last_complete_checkpoint, load_trained_model
 from vanilla_transformer.data import DataArguments, DataError, select_samples, tokenize_splits
+from vanilla_transformer.sharding import describe_parallelism
 from vanilla_transformer.time_budget import UNLIMITED_STEPS, find_time_budget, format_duration
 from vanilla_transformer.tokenizer import check_tokenizer_matches_config, iterate_texts, train_tokenizer
 from vanilla_transformer.training import (
@@ -312,6 +318,19 @@ def main(argv: list[str] | None = None, callbacks=None) -> dict:
             num_beams=training_args.generation_num_beams or 4,
             max_length=training_args.generation_max_length,
         )
+    try:
+        trainer = build_trainer(
+            model,
+            training_args,
+            tokenizer,
+            train_dataset=tokenized.get("train") if training_args.do_train else None,
+            eval_dataset=tokenized.get("validation"),
+            compute_metrics=make_compute_metrics(tokenizer),
+            callbacks=callbacks,
+        )
+    except ValueError as error:  # e.g. a parallelism the launch asked for that cannot run here
+        raise SystemExit(f"train.py: error: {' '.join(str(error).split())}") from None
+
     if is_main:
         parameters = sum(p.numel() for p in model.parameters())
         per_device, accumulation = training_args.per_device_train_batch_size, training_args.gradient_accumulation_steps
@@ -323,7 +342,8 @@ def main(argv: list[str] | None = None, callbacks=None) -> dict:
             batch = f"{per_device} pairs per device {scale} = {total} pairs"
         print(
             f"model: {parameters / 1e6:.2f}M parameters ({model_args.model_name_or_path or model_args.preset}); "
-            f"{source_lang}->{target_lang}; tokenizer: {tokenizer_source}; global batch {batch}; CPU threads {threads}"
+            f"{source_lang}->{target_lang}; tokenizer: {tokenizer_source}; global batch {batch}; "
+            f"CPU threads {threads}; parallelism: {describe_parallelism(trainer.accelerator)}"
         )
         if training_args.do_train and training_args.max_train_minutes is not None:
             alone = training_args.max_steps == UNLIMITED_STEPS
@@ -332,16 +352,6 @@ def main(argv: list[str] | None = None, callbacks=None) -> dict:
                 "(evaluation and checkpoint saving not counted)"
                 + ("; epochs repeat until then" if alone else ", or at the step or epoch limit if that comes first")
             )
-
-    trainer = build_trainer(
-        model,
-        training_args,
-        tokenizer,
-        train_dataset=tokenized.get("train") if training_args.do_train else None,
-        eval_dataset=tokenized.get("validation"),
-        compute_metrics=make_compute_metrics(tokenizer),
-        callbacks=callbacks,
-    )
 
     all_metrics: dict = {}
     if training_args.do_train:

@@ -397,6 +397,8 @@ def test_accelerate_launch_two_processes_on_cpu(tmp_path):
     for name in weights[0]:
         assert torch.equal(weights[0][name], weights[1][name]), name
     assert "global batch 4 pairs per device x 2 processes x 1 accumulation steps = 8 pairs" in result.stdout
+    assert "parallelism: DDP over 2 processes, gloo on cpu" in result.stdout  # read from Accelerate after set-up
+    assert "FSDP" not in result.stdout
 
 
 # --------------------------------------------------------------------------------------------------------------------

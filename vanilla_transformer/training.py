@@ -29,6 +29,14 @@ from .batching import TokenBatchingSeq2SeqTrainer
 from .checkpointing import load_trained_model
 from .configuration_vanilla_transformer import VanillaTransformerConfig
 from .modeling_vanilla_transformer import VanillaTransformerForConditionalGeneration
+from .sharding import (
+    ParallelismReportCallback,
+    check_parallelism_can_run,
+    enable_fsdp_on_cpu,
+    load_full_state_dict_checkpoint,
+    model_class_unwrapped,
+    share_tied_tensors,
+)
 from .time_budget import (
     BudgetProgressCallback,
     TimeBudgetCallback,
@@ -362,6 +370,38 @@ def make_compute_metrics(tokenizer) -> Callable:
     return compute_metrics
 
 
+class TranslationTrainer(TokenBatchingSeq2SeqTrainer):
+    """The trainer train.py uses: token batching (TokenBatchingSeq2SeqTrainer), and FSDP on CPU processes when the
+    launch asked for it (`enable_fsdp_on_cpu`: Accelerate alone would train them with plain data parallelism)."""
+
+    def create_accelerator_and_postprocess(self) -> None:
+        check_parallelism_can_run(self.args)
+        super().create_accelerator_and_postprocess()
+        if enable_fsdp_on_cpu(self.accelerator, self.args):
+            self.is_fsdp_enabled = True
+            # the check transformers makes when Accelerate keeps the plugin itself
+            if self.accelerator.state.fsdp_plugin.activation_checkpointing and self.args.activation_checkpointing:
+                raise ValueError(
+                    "FSDP's activation checkpointing (fsdp_activation_checkpointing) and --gradient_checkpointing "
+                    "(--activation_checkpointing) both checkpoint the layers; choose one."
+                )
+
+    def _save(self, output_dir: str | None = None, state_dict: dict | None = None) -> None:
+        # under FSDP, `state_dict` is the gathered full one: tied names become one tensor again, and the model saves
+        # as its own class
+        if state_dict is not None:
+            state_dict = share_tied_tensors(state_dict, self.model)
+        with model_class_unwrapped(self.model):
+            super()._save(output_dir, state_dict=state_dict)
+
+    def _load_from_checkpoint(self, resume_from_checkpoint: str, model=None) -> None:
+        full = os.path.join(resume_from_checkpoint, "pytorch_model_fsdp.bin")  # FSDP's FULL_STATE_DICT checkpoint
+        if self.is_fsdp_enabled and self.accelerator.is_fsdp2 and os.path.isfile(full):
+            load_full_state_dict_checkpoint(self.accelerator, model if model is not None else self.model, full)
+            return
+        super()._load_from_checkpoint(resume_from_checkpoint, model)
+
+
 def build_trainer(
     model: PreTrainedModel,
     args: Seq2SeqTrainingArguments,
@@ -381,7 +421,7 @@ def build_trainer(
         pad_to_multiple_of=8 if args.fp16 or args.bf16 else None,
     )
     minutes = getattr(args, "max_train_minutes", None)
-    trainer = TokenBatchingSeq2SeqTrainer(
+    trainer = TranslationTrainer(
         model=model,
         args=args,
         data_collator=collator,
@@ -389,7 +429,8 @@ def build_trainer(
         eval_dataset=eval_dataset,
         processing_class=tokenizer,
         compute_metrics=compute_metrics if args.predict_with_generate else None,
-        callbacks=list(callbacks or []) + ([TimeBudgetCallback(minutes)] if minutes is not None else []),
+        callbacks=[ParallelismReportCallback(), *(callbacks or [])]
+        + ([TimeBudgetCallback(minutes)] if minutes is not None else []),
         max_tokens_per_batch=getattr(args, "max_tokens_per_batch", None),
     )
     budget = find_time_budget(trainer.callback_handler.callbacks)

@@ -1,0 +1,227 @@
+"""Sharded training on CPU processes, and saying which parallelism a run uses.
+
+`accelerate launch --use_fsdp` (or transformers' `--fsdp` flags) shards the model on GPUs. On a machine without an
+accelerator the launched processes join a gloo group, but Accelerate only turns FSDP on for accelerator devices: its
+state stays MULTI_CPU (plain data parallelism), the FSDP plugin is dropped, and the run trains and saves a checkpoint
+without any sign that the sharding flags were ignored. PyTorch's FSDP2 (`fully_shard`) itself runs on CPU tensors over
+gloo, so `enable_fsdp_on_cpu` puts the plugin back, after which Accelerate's and the Trainer's usual FSDP2 paths apply
+(auto-wrap, full-state-dict saving, sharded optimizer state in checkpoints). `describe_parallelism` reads the
+Accelerate state after set-up, and `ParallelismReportCallback` counts the modules that FSDP actually wrapped.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING
+
+import torch
+from transformers import TrainerCallback, TrainingArguments
+
+if TYPE_CHECKING:
+    from accelerate import Accelerator
+
+
+def requested_fsdp_version(args: TrainingArguments) -> int | None:
+    """The FSDP version the launch asked for: transformers' `--fsdp` flags (`args.fsdp_plugin_args`, default 2) first,
+    else `accelerate launch --use_fsdp` (FSDP_VERSION, whose default is 1); None when neither asked for FSDP."""
+    plugin_args = getattr(args, "fsdp_plugin_args", None)
+    if plugin_args is not None:
+        return int(plugin_args.get("fsdp_version", 2))
+    if os.environ.get("ACCELERATE_USE_FSDP", "false").lower() in ("true", "1", "yes"):
+        return int(os.environ.get("FSDP_VERSION", "1"))
+    return None
+
+
+def check_parallelism_can_run(args: TrainingArguments) -> None:
+    """Refuse, before Accelerate is set up, sharding that cannot run on CPU processes, instead of training without it:
+
+    - FSDP1 (Accelerate's default `--fsdp_version`): its plugin looks for a GPU and fails with "There are currently
+      no available devices found". FSDP2 runs there.
+    - DeepSpeed (`--deepspeed`, `accelerate launch --use_deepspeed`): Accelerate turns it on only off the CPU, so the
+      processes would train with plain DDP; with the CPU left out of their set-up, DeepSpeed's CPU accelerator
+      counts 2 ranks where Accelerate counts 1 and stops on its batch-size check."""
+    if torch.accelerator.is_available():
+        return
+    version = requested_fsdp_version(args)
+    if version is not None and version != 2:
+        raise ValueError(
+            f"FSDP version {version} cannot run on CPU processes; use FSDP2: `accelerate launch --use_fsdp "
+            "--fsdp_version 2 ...`, or --fsdp with --fsdp_config '{\"version\": 2, ...}'."
+        )
+    if getattr(args, "deepspeed", None) or os.environ.get("ACCELERATE_USE_DEEPSPEED", "false").lower() == "true":
+        raise ValueError(
+            "DeepSpeed cannot run on CPU processes (Accelerate turns it on only on GPUs, and they would train with "
+            "plain DDP); shard with FSDP2 instead (`accelerate launch --use_fsdp --fsdp_version 2 ...`)."
+        )
+
+
+def enable_fsdp_on_cpu(accelerator: Accelerator, args: TrainingArguments) -> bool:
+    """Turn FSDP2 on for CPU processes in a gloo group when the launch asked for it and Accelerate dropped it (see
+    the module's docstring). Returns True when it did."""
+    from accelerate.state import PartialState
+    from accelerate.utils import DistributedType, FullyShardedDataParallelPlugin
+
+    state = accelerator.state
+    if state.distributed_type != DistributedType.MULTI_CPU or requested_fsdp_version(args) is None:
+        return False
+    check_parallelism_can_run(args)
+    plugin_args = getattr(args, "fsdp_plugin_args", None)
+    plugin = FullyShardedDataParallelPlugin(**(plugin_args or {}))  # else from the FSDP_* environment
+    if state.mixed_precision != "no":
+        plugin.set_mixed_precision(state.mixed_precision)
+    state.distributed_type = DistributedType.FSDP
+    state.fsdp_plugin = plugin
+    # as Accelerate does on GPUs: every later AcceleratorState() copies the process state's type over its own
+    PartialState._shared_state["distributed_type"] = DistributedType.FSDP
+    return True
+
+
+def describe_parallelism(accelerator: Accelerator) -> str:
+    """One phrase naming the parallelism the Accelerate state holds: single process, DDP, FSDP (version, sharding,
+    wrapped layers, state dict type) or DeepSpeed (ZeRO stage), with the number of processes and the backend."""
+    from accelerate.utils import DistributedType
+
+    state = accelerator.state
+    processes = state.num_processes
+    device = state.device.type
+    where = f"{processes} process{'es' if processes != 1 else ''}, {state.backend or 'no backend'} on {device}"
+    kind = state.distributed_type
+    if kind == DistributedType.FSDP:
+        plugin = state.fsdp_plugin
+        if plugin.fsdp_version == 2:
+            sharding = "full shard" if plugin.reshard_after_forward else "shard grad op (no reshard after forward)"
+        else:
+            sharding = str(plugin.sharding_strategy).split(".")[-1]
+        policy = getattr(plugin.auto_wrap_policy, "__name__", None) or getattr(
+            getattr(plugin.auto_wrap_policy, "func", None), "__name__", "no auto-wrap"
+        )
+        layers = plugin.transformer_cls_names_to_wrap
+        wrap = f"wrapping {', '.join(layers)}" if layers else policy.replace("_", " ")
+        state_dict = str(plugin.state_dict_type).split(".")[-1]
+        return f"FSDP{plugin.fsdp_version} ({sharding}, {wrap}, {state_dict}) over {where}"
+    if kind == DistributedType.DEEPSPEED:
+        return f"DeepSpeed ZeRO stage {state.deepspeed_plugin.zero_stage} over {where}"
+    if kind == DistributedType.NO or processes == 1:
+        return f"single process on {device}"
+    return f"DDP over {where}"
+
+
+@contextlib.contextmanager
+def model_class_unwrapped(model: torch.nn.Module) -> Iterator[torch.nn.Module]:
+    """While saving, give an FSDP2 model its own class back. `fully_shard` swaps the class for a generated
+    `FSDP<Name>` defined in PyTorch's FSDP package; `save_pretrained` of a trust_remote_code model names the class's
+    module in config.json's auto_map and copies its source files, so the checkpoint would point AutoModelForSeq2SeqLM
+    at `_fsdp_init.FSDP...` and carry PyTorch's FSDP sources instead of the model's. A model that is not sharded is
+    left alone."""
+    from torch.distributed.fsdp import FSDPModule
+
+    wrapped = type(model)
+    if not isinstance(model, FSDPModule):
+        yield model
+        return
+    own = next(cls for cls in wrapped.__mro__[1:] if not issubclass(cls, FSDPModule))
+    model.__class__ = own
+    try:
+        yield model
+    finally:
+        model.__class__ = wrapped
+
+
+def share_tied_tensors(state_dict: dict[str, torch.Tensor], model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """Make the tied names of a gathered state dict one tensor again, in place. FSDP gathers each name on its own, so
+    `lm_head.weight` and `model.shared.weight` arrive as two equal tensors that `save_pretrained` would both store;
+    aliased, it stores the shared one once, as a single-process save does. Names whose tensors differ are left
+    alone."""
+    tied = getattr(model, "all_tied_weights_keys", None) or {}
+    for target, source in tied.items():
+        if target in state_dict and source in state_dict and state_dict[target] is not state_dict[source]:
+            if state_dict[target].shape == state_dict[source].shape and torch.equal(
+                state_dict[target], state_dict[source]
+            ):
+                state_dict[target] = state_dict[source]
+    return state_dict
+
+
+def module_alias_names(model: torch.nn.Module) -> set[str]:
+    """State-dict names reached through a second path to the same module, e.g. `model.encoder.embeddings.embed_tokens
+    .weight` when the encoder's embedding is the module `model.shared`."""
+    canonical = {name for name, _ in model.named_modules()}  # each module once, under its first name
+    names = [name for name, _ in model.named_parameters(remove_duplicate=False)]
+    names += [name for name, _ in model.named_buffers(remove_duplicate=False)]
+    return {name for name in names if name.rpartition(".")[0] not in canonical}
+
+
+def load_full_state_dict_checkpoint(accelerator: Accelerator, model: torch.nn.Module, path: str) -> None:
+    """Load an FSDP2 checkpoint's full state dict (`pytorch_model_fsdp.bin`, FULL_STATE_DICT) into the sharded
+    `model`: rank 0 reads it and every rank receives its shards.
+
+    What Accelerate's `load_fsdp_model` does, less the names of modules reached by two paths: the file holds them
+    (the encoder's and decoder's embedding is the module `model.shared`), but PyTorch's loader visits each module
+    once, and its CPU-offloading broadcast then fails with a KeyError on the first such name; without them, the
+    strict load of every name misses them. So they are left out and the load checks the other names itself."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+    aliases = module_alias_names(model)
+    state_dict = torch.load(path, weights_only=True) if accelerator.is_main_process else {}
+    for name in aliases:
+        state_dict.pop(name, None)
+    # not strict: the module's own load_state_dict then misses the alias names, which hold the same tensors
+    options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True, strict=False)
+    missing, unexpected = set_model_state_dict(model, state_dict, options=options)
+    accelerator.wait_for_everyone()
+    if set(missing) - aliases or unexpected:
+        raise ValueError(
+            f"{path} does not fit the model: missing {sorted(set(missing) - aliases)[:5]}, "
+            f"unexpected {sorted(unexpected)[:5]}."
+        )
+
+
+def count_fsdp_modules(model: torch.nn.Module) -> dict[str, int]:
+    """How many modules of each class FSDP2 wrapped (`fully_shard`; a tied embedding and output projection share one
+    unit); empty when it wrapped none."""
+    from torch.distributed.fsdp import FSDPModule
+
+    counts: dict[str, int] = {}
+    for module in model.modules():
+        if isinstance(module, FSDPModule):
+            name = type(module).__name__.removeprefix("FSDP")
+            counts[name] = counts.get(name, 0) + 1
+    return counts
+
+
+def local_parameter_share(model: torch.nn.Module) -> tuple[int, int]:
+    """(elements this process holds, elements of the whole model) over the model's distinct parameters: equal
+    without sharding, about 1/N of it with FSDP over N processes."""
+    local = total = 0
+    seen: set[int] = set()
+    for parameter in model.parameters():
+        if id(parameter) in seen:
+            continue
+        seen.add(id(parameter))
+        total += parameter.numel()
+        to_local = getattr(parameter, "to_local", None)
+        local += to_local().numel() if to_local is not None else parameter.numel()
+    return local, total
+
+
+class ParallelismReportCallback(TrainerCallback):
+    """Prints, on the main process when training starts, what FSDP did to the model: the modules it wrapped and the
+    share of the parameters process 0 holds, so a run shows that sharding took effect."""
+
+    def __init__(self, print_fn: Callable[[str], None] = print):
+        self.print_fn = print_fn
+
+    def on_train_begin(self, args, state, control, model=None, **kwargs):
+        if model is None or not state.is_world_process_zero:
+            return
+        wrapped = count_fsdp_modules(model)
+        if not wrapped:
+            return
+        local, total = local_parameter_share(model)
+        listed = ", ".join(f"{count} {name}" for name, count in wrapped.items())
+        self.print_fn(
+            f"FSDP wrapped {sum(wrapped.values())} modules ({listed}); "
+            f"process 0 holds {local:,} of the {total:,} parameters ({100 * local / max(1, total):.0f} %)"
+        )
