@@ -3,6 +3,8 @@
 import contextlib
 import importlib.util
 import os
+import site
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -139,3 +141,49 @@ def decode_one_token_at_a_time(model, input_ids, attention_mask, decoder_input_i
         cache = out.cache
         steps.append(out.logits)
     return torch.cat(steps, dim=1), cache
+
+
+# Python of an environment without this package, as a Hub user without it has
+BLOCKER = """
+import sys
+
+class _NoVanillaTransformer:
+    @staticmethod
+    def find_spec(name, path=None, target=None):
+        if name.split(".")[0] == "vanilla_transformer":
+            raise ModuleNotFoundError("vanilla_transformer is blocked in this environment", name=name)
+        return None
+
+sys.meta_path.insert(0, _NoVanillaTransformer())
+"""
+
+
+@pytest.fixture(scope="session")
+def fresh_python(tmp_path_factory) -> str:
+    """Python of a new virtual environment with this environment's packages but without vanilla_transformer.
+
+    The parent site-packages come in through a .pth file, which does not run the .pth files inside that folder, so
+    the editable install's import hook of this package is not installed; a second .pth blocks the package outright.
+    """
+    venv = tmp_path_factory.mktemp("venv") / "no-package"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=60)
+    purelib = Path(
+        subprocess.run(
+            [venv / "bin" / "python", "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+    )
+    parents = [*site.getsitepackages(), *(p for p in sys.path if p.endswith(("site-packages", "dist-packages")))]
+    (purelib / "parent_site_packages.pth").write_text("\n".join(dict.fromkeys(parents)) + "\n")
+    (purelib / "_no_vanilla_transformer.py").write_text(BLOCKER)
+    (purelib / "_no_vanilla_transformer.pth").write_text("import _no_vanilla_transformer\n")
+    return str(venv / "bin" / "python")
+
+
+def free_port() -> int:
+    """A free TCP port on this machine, for a process group's rendezvous."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

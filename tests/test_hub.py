@@ -12,7 +12,6 @@ import os
 import random
 import re
 import shutil
-import site
 import subprocess
 import sys
 from pathlib import Path
@@ -90,18 +89,6 @@ with open(out, "w") as f:
 """
 
 # Imported by a .pth file of the fresh environment: even an installed (non-editable) copy of the package stays hidden.
-BLOCKER = """
-import sys
-
-class _NoVanillaTransformer:
-    @staticmethod
-    def find_spec(name, path=None, target=None):
-        if name.split(".")[0] == "vanilla_transformer":
-            raise ModuleNotFoundError("vanilla_transformer is blocked in this environment", name=name)
-        return None
-
-sys.meta_path.insert(0, _NoVanillaTransformer())
-"""
 
 
 def train_toy_model(tokenizer: PreTrainedTokenizerFast) -> VanillaTransformerForConditionalGeneration:
@@ -159,30 +146,6 @@ def checkpoint(tmp_path_factory) -> SimpleNamespace:
     texts = tokenizer.batch_decode(ids, skip_special_tokens=True)
     assert len(set(texts)) == len(SENTENCES), f"the toy model should translate each sentence differently: {texts}"
     return SimpleNamespace(path=model_dir, model=model, tokenizer=tokenizer, ids=ids, logits=logits, texts=texts)
-
-
-@pytest.fixture(scope="module")
-def fresh_python(tmp_path_factory) -> str:
-    """Python of a new virtual environment with this environment's packages but without vanilla_transformer.
-
-    The parent site-packages come in through a .pth file, which does not run the .pth files inside that folder, so
-    the editable install's import hook of this package is not installed; a second .pth blocks the package outright.
-    """
-    venv = tmp_path_factory.mktemp("venv") / "no-package"
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=60)
-    purelib = Path(
-        subprocess.run(
-            [venv / "bin" / "python", "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout.strip()
-    )
-    parents = [*site.getsitepackages(), *(p for p in sys.path if p.endswith(("site-packages", "dist-packages")))]
-    (purelib / "parent_site_packages.pth").write_text("\n".join(dict.fromkeys(parents)) + "\n")
-    (purelib / "_no_vanilla_transformer.py").write_text(BLOCKER)
-    (purelib / "_no_vanilla_transformer.pth").write_text("import _no_vanilla_transformer\n")
-    return str(venv / "bin" / "python")
 
 
 def subprocess_env(home: Path, **overrides: str) -> dict[str, str]:

@@ -9,8 +9,8 @@ from conftest import tiny_model
 from transformers import Seq2SeqTrainer, Seq2SeqTrainingArguments
 from transformers.trainer_pt_utils import LabelSmoother
 
-from vanilla_transformer.batching import TokenBatchingSeq2SeqTrainer
 from vanilla_transformer.loss_vanilla_transformer import TokenCrossEntropy, token_cross_entropy
+from vanilla_transformer.training import TranslationTrainer
 
 
 def logits_and_labels(dtype=torch.float32, batch=3, length=7, vocab=50):
@@ -120,7 +120,7 @@ def test_project_trainer_hands_label_smoothing_to_the_model(tmp_path, monkeypatc
     expected, expected_grads, _ = step(Seq2SeqTrainer)
     calls = []
     monkeypatch.setattr(LabelSmoother, "__call__", lambda *a, **k: calls.append(1))
-    loss, grads, trainer = step(TokenBatchingSeq2SeqTrainer)
+    loss, grads, trainer = step(TranslationTrainer)
     assert calls == [] and trainer.label_smoother.epsilon == 0.1  # still there for evaluation with generation
     torch.testing.assert_close(loss, expected, rtol=1e-6, atol=0)
     for a, b in zip(grads, expected_grads):

@@ -3,16 +3,14 @@ its equivalence with a single-process run, resuming it, gradient checkpointing u
 naming the parallelism in use."""
 
 import json
-import socket
 import subprocess
 import sys
 from types import SimpleNamespace
 
 import pytest
 import torch
-from conftest import ROOT, TINY_OVERRIDES, load_script, script_env
+from conftest import ROOT, TINY_OVERRIDES, free_port, load_script, script_env
 from safetensors.torch import load_file
-from test_hub import fresh_python  # noqa: F401 (a fixture: Python of an environment without the package)
 
 from vanilla_transformer.data import demo_corpus
 from vanilla_transformer.sharding import check_parallelism_can_run
@@ -64,12 +62,6 @@ class Watch(TrainerCallback):
 
 train_script.main(sys.argv[4:], callbacks=[Watch(sys.argv[2], int(sys.argv[3]))])
 """
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def train_args(output_dir, tokenizer: str) -> list[str]:

@@ -4,13 +4,12 @@ resuming, data parallel training with Accelerate, and one-line errors before any
 import dataclasses
 import json
 import os
-import socket
 import subprocess
 import sys
 
 import pytest
 import torch
-from conftest import ROOT, TINY_OVERRIDES, load_script, run_script, script_env, tiny_model
+from conftest import ROOT, TINY_OVERRIDES, free_port, load_script, run_script, script_env, tiny_model
 from safetensors.torch import load_file
 from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import (
@@ -366,12 +365,6 @@ class Watch(TrainerCallback):
 
 train_script.main(sys.argv[3:], callbacks=[Watch(sys.argv[2])])
 '''
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_accelerate_launch_two_processes_on_cpu(tmp_path):

@@ -21,7 +21,6 @@ fewer than ``num_replicas`` of them, with a warning.
 from __future__ import annotations
 
 import heapq
-import inspect
 import math
 import random
 import warnings
@@ -275,11 +274,6 @@ class TokenBatchingSeq2SeqTrainer(Seq2SeqTrainer):
 
     The loss of an optimizer step is the mean over all its target tokens (Trainer passes ``num_items_in_batch``,
     summed over the micro-batches and processes), so batches of different sizes weigh by their tokens.
-
-    With ``label_smoothing_factor``, a model whose ``forward`` takes ``label_smoothing`` (ours) computes the smoothed
-    training loss itself, in one memory-lean pass over the logits, instead of Trainer's ``LabelSmoother`` (a
-    log-softmax of the logits' size and its backward), with the same value. (Evaluation with generation keeps
-    ``LabelSmoother``: it has no backward.)
     """
 
     def __init__(self, *args, max_tokens_per_batch: int | None = None, **kwargs):
@@ -289,19 +283,6 @@ class TokenBatchingSeq2SeqTrainer(Seq2SeqTrainer):
             # a training-arguments dataclass may carry the flag (train.py's --max_tokens_per_batch)
             max_tokens_per_batch = _check_max_tokens(getattr(self.args, "max_tokens_per_batch", None))
         self.max_tokens_per_batch = max_tokens_per_batch
-
-    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
-        smoother = self.label_smoother
-        forward = inspect.signature(self.accelerator.unwrap_model(model).forward).parameters
-        if smoother is None or "labels" not in inputs or "label_smoothing" not in forward:
-            return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
-        # Trainer would pop the labels and smooth the logits itself; hand the labels and ε to the model instead
-        self.label_smoother = None
-        try:
-            inputs = {**inputs, "label_smoothing": smoother.epsilon}
-            return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
-        finally:
-            self.label_smoother = smoother
 
     def create_scheduler(self, num_training_steps: int, optimizer: torch.optim.Optimizer | None = None):
         """Trainer's schedule, unless a TimeBudgetCallback (train.py's --max_train_minutes) makes one that decays

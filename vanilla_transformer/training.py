@@ -371,8 +371,28 @@ def make_compute_metrics(tokenizer) -> Callable:
 
 
 class TranslationTrainer(TokenBatchingSeq2SeqTrainer):
-    """The trainer train.py uses: token batching (TokenBatchingSeq2SeqTrainer), and FSDP on CPU processes when the
-    launch asked for it (`enable_fsdp_on_cpu`: Accelerate alone would train them with plain data parallelism)."""
+    """The trainer train.py uses: token batching (TokenBatchingSeq2SeqTrainer), FSDP on CPU processes when the
+    launch asked for it (`enable_fsdp_on_cpu`: Accelerate alone would train them with plain data parallelism), and
+    label smoothing computed by the model.
+
+    With ``label_smoothing_factor``, a model whose ``forward`` takes ``label_smoothing`` (ours) computes the smoothed
+    training loss itself, in one memory-lean pass over the logits, instead of Trainer's ``LabelSmoother`` (a
+    log-softmax of the logits' size and its backward), with the same value. (Evaluation with generation keeps
+    ``LabelSmoother``: it has no backward.)
+    """
+
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        smoother = self.label_smoother
+        forward = inspect.signature(self.accelerator.unwrap_model(model).forward).parameters
+        if smoother is None or "labels" not in inputs or "label_smoothing" not in forward:
+            return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
+        # Trainer would pop the labels and smooth the logits itself; hand the labels and ε to the model instead
+        self.label_smoother = None
+        try:
+            inputs = {**inputs, "label_smoothing": smoother.epsilon}
+            return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
+        finally:
+            self.label_smoother = smoother
 
     def create_accelerator_and_postprocess(self) -> None:
         check_parallelism_can_run(self.args)
