@@ -251,10 +251,16 @@ def is_ctranslate2_export(path: str) -> bool:
 
 @dataclass
 class GenerationDefaults:
-    """What the saved generation config says, as far as CTranslate2 can follow it."""
+    """What the saved generation config says, as far as CTranslate2 can follow it.
+
+    `patience`: CTranslate2 ends a beam search once num_beams × patience hypotheses have ended. generate() with
+    ``early_stopping=False`` (ours) goes on while a running beam can still beat the finished ones; patience 1 is
+    ``early_stopping=True``, which returns short, broken hypotheses (on the demo test set, 200 of 500 beam-4
+    translations identical to generate()'s), and patience 2 gives generate()'s translations (500 of 500)."""
 
     num_beams: int = 4
     length_penalty: float = 1.0
+    patience: float = 2.0
 
 
 def _generation_defaults(folder: str) -> GenerationDefaults:
@@ -264,7 +270,9 @@ def _generation_defaults(folder: str) -> GenerationDefaults:
     with open(path, encoding="utf-8") as f:
         saved = json.load(f)
     return GenerationDefaults(
-        num_beams=int(saved.get("num_beams") or 1), length_penalty=float(saved.get("length_penalty", 1.0))
+        num_beams=int(saved.get("num_beams") or 1),
+        length_penalty=float(saved.get("length_penalty", 1.0)),
+        patience=1.0 if saved.get("early_stopping") is True else 2.0,
     )
 
 
@@ -290,6 +298,7 @@ class CTranslate2Translator:
         *,
         num_beams: int | None = None,
         length_penalty: float | None = None,
+        patience: float | None = None,
         max_new_tokens: int | None = None,
         extra_tokens: int = 50,
     ) -> list[str]:
@@ -308,6 +317,7 @@ class CTranslate2Translator:
             [list(tokens) for tokens in sources],
             beam_size=num_beams if num_beams is not None else self.defaults.num_beams,
             length_penalty=length_penalty if length_penalty is not None else self.defaults.length_penalty,
+            patience=patience if patience is not None else self.defaults.patience,
             max_decoding_length=limit,
             min_decoding_length=0,  # like generate(): the end token may come first
             max_input_length=0,  # never truncate silently: too long was refused above
@@ -322,12 +332,14 @@ class CTranslate2Translator:
         batch_size: int = 32,
         num_beams: int | None = None,
         length_penalty: float | None = None,
+        patience: float | None = None,
         max_new_tokens: int | None = None,
         extra_tokens: int = 50,
         progress: bool | None = None,
     ) -> list[str]:
         """Translate `sentences` in batches of similar length, returning translations in input order; empty lines
-        translate to empty lines. Beam size and length penalty default to the saved generation config's."""
+        translate to empty lines. Beam size, length penalty and patience default to the saved generation config's
+        (see `GenerationDefaults`)."""
         from .training import translate_in_batches
 
         if num_beams is not None and num_beams < 1:
@@ -346,6 +358,7 @@ class CTranslate2Translator:
                 batch,
                 num_beams=num_beams,
                 length_penalty=length_penalty,
+                patience=patience,
                 max_new_tokens=max_new_tokens,
                 extra_tokens=extra_tokens,
             )
