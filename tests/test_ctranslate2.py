@@ -260,3 +260,25 @@ def test_without_ctranslate2_the_scripts_say_how_to_install_it(trained_model_dir
         load_script("translate").main(
             ["--model_dir", trained_model_dir, "--engine", "ctranslate2", "--text", "w1", "--threads", "1"]
         )
+
+
+def test_push_to_hub_with_ctranslate2_exports_into_a_subfolder_and_explains_it(trained_model_dir, tmp_path, capsys):
+    """What --with_ctranslate2 adds before the upload (the upload itself is test_hub's round trip): the export in
+    ctranslate2/, listed for upload only with the flag, and a card section that loads it."""
+    push = load_script("push_to_hub")
+    model_dir = str(shutil.copytree(trained_model_dir, tmp_path / "model"))
+    with pytest.raises(SystemExit, match=r"^push_to_hub.py: error: --with_ctranslate2: quantization='int3' is not"):
+        push.main(["--model_dir", model_dir, "--repo_id", "user/toy", "--with_ctranslate2", "int3"])
+    assert push.export_for_upload(model_dir, "int8") is None
+    exported = os.path.join(model_dir, "ctranslate2")
+    assert load_ctranslate2_translator(exported, threads=1).translate(["w1 w2 w3"]) == ["w3 w2 w1"]
+    uploaded = {path for path, _ in push.files_to_upload(model_dir, "int8")}
+    assert {"ctranslate2/model.bin", f"ctranslate2/{EXPORT_INFO}", "model.safetensors"} <= uploaded
+    assert not any(path.startswith("ctranslate2/") for path, _ in push.files_to_upload(model_dir))
+
+    from vanilla_transformer.model_card import write_model_card
+
+    card = open(write_model_card(model_dir, repo_id="user/toy", ctranslate2="int8")).read()
+    assert "## Fast inference with CTranslate2" in card and "with\nint8 weights" in card
+    assert 'snapshot_download("user/toy", allow_patterns=["ctranslate2/*"])' in card
+    assert "CTranslate2" not in open(write_model_card(model_dir, repo_id="user/toy")).read()
