@@ -9,6 +9,7 @@ import sys
 import pytest
 import torch
 from conftest import load_script, tiny_model, word_tokenizer
+from transformers import BartConfig
 
 ctranslate2 = pytest.importorskip("ctranslate2", reason="the ctranslate2 extra (part of the test extra)")
 
@@ -193,6 +194,9 @@ def test_bad_folders_and_options_are_refused(trained_model_dir, tmp_path):
     (tmp_path / "empty").mkdir()
     with pytest.raises(ValueError, match="is not a saved model folder"):
         export_ctranslate2(str(tmp_path / "empty"), str(tmp_path / "ct2"))
+    BartConfig(vocab_size=64, d_model=32).save_pretrained(tmp_path / "bart")
+    with pytest.raises(ValueError, match="is a 'bart' model, not a vanilla_transformer one"):
+        export_ctranslate2(str(tmp_path / "bart"), str(tmp_path / "ct2"))
     with pytest.raises(ValueError, match="quantization='int4' is not supported; allowed: int8"):
         export_ctranslate2(trained_model_dir, str(tmp_path / "ct2"), quantization="int4")
     with pytest.raises(ValueError, match="neither a CTranslate2 export .* nor a saved model"):
