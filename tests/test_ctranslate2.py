@@ -286,3 +286,42 @@ def test_push_to_hub_with_ctranslate2_exports_into_a_subfolder_and_explains_it(t
     assert "## Fast inference with CTranslate2" in card and "with\nint8 weights" in card
     assert 'snapshot_download("user/toy", allow_patterns=["ctranslate2/*"])' in card
     assert "CTranslate2" not in open(write_model_card(model_dir, repo_id="user/toy")).read()
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# The benchmarks (no timing is asserted: the figures live in docs/performance.md and docs/deployment.md)
+
+
+def test_speed_benchmark_tiny_run_times_every_engine_on_the_same_work(tmp_path, one_thread):
+    sentences = [" ".join(WORDS[(i * 7 + j) % 60] for j in range(9 + i % 20)) for i in range(40)]
+    data_file = tmp_path / "sentences.txt"
+    data_file.write_text("\n".join(sentences) + "\n")
+    word_tokenizer(WORDS).save_pretrained(tmp_path / "tokenizer")
+    bench = load_script("ctranslate2_speed", folder="benchmarks")
+    result = bench.main(
+        ["--data_file", str(data_file), "--tokenizer_dir", str(tmp_path / "tokenizer"), "--sizes", "tiny"]
+        + ["--sentences", "32", "--threads", "1", "--beams", "2", "--batch_size", "8", "--memory", "false"]
+        + ["--output_file", str(tmp_path / "speed.json")]
+    )
+    (run,) = result["speed"]
+    assert [row["engine"] for row in run["rows"]] == list(bench.ENGINES)
+    assert run["sentences"] == 32 and run["tokens"] >= 32 * 10  # every source has 10 tokens or more
+    assert run["rows"][0]["ratio"] == 1.0 and all(row["tokens_per_s"] > 0 for row in run["rows"])
+    assert json.loads((tmp_path / "speed.json").read_text())["speed"][0]["tokens"] == run["tokens"]
+
+
+def test_quality_benchmark_compares_the_exports_with_transformers(trained_model_dir, tmp_path, capsys):
+    sources, references = reverse_pairs(16, seed=TRAINING_SEED)
+    data_file = tmp_path / "test.jsonl"
+    data_file.write_text(
+        "".join(json.dumps({"translation": {"a": s, "b": r}}) + "\n" for s, r in zip(sources, references))
+    )
+    result = load_script("ctranslate2_quality", folder="benchmarks").main(
+        ["--model_dir", trained_model_dir, "--data_file", str(data_file), "--source_lang", "a", "--target_lang", "b"]
+        + ["--output_file", str(tmp_path / "quality.json")]
+    )
+    rows = {(row["engine"], row["num_beams"]): row for row in result["rows"]}
+    assert set(rows) == {(e, b) for e in ("transformers", "ct2_float32", "ct2_int8") for b in (1, 4)}
+    assert rows[("ct2_float32", 1)]["identical_to_transformers"] == 16
+    assert rows[("ct2_float32", 4)]["bleu"] == rows[("transformers", 4)]["bleu"]
+    assert "| beam 4 | ct2_int8 |" in capsys.readouterr().out
