@@ -109,13 +109,16 @@ def main(argv: list[str] | None = None) -> None:
         if args.engine == "ctranslate2":
             from vanilla_transformer.ctranslate2_export import load_ctranslate2_translator
 
-            device = args.device or "cpu"
+            # "auto": a GPU where CTranslate2 was built with CUDA and one is present, else the CPU
             translator = load_ctranslate2_translator(
-                args.model_dir, device=device, compute_type=args.compute_type, threads=torch.get_num_threads()
+                args.model_dir,
+                device=args.device or "auto",
+                compute_type=args.compute_type,
+                threads=torch.get_num_threads(),
             )
         else:
             model, tokenizer = load_translator(args.model_dir, device=args.device)
-    except (ValueError, OSError, ImportError) as error:
+    except (ValueError, OSError, ImportError, RuntimeError) as error:
         raise SystemExit(f"translate.py: error: {str(error).strip().splitlines()[0]}") from None
 
     options = dict(
