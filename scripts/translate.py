@@ -65,6 +65,13 @@ class TranslateArguments:
             "the folder was exported with)."
         },
     )
+    inter_threads: int = field(
+        default=1,
+        metadata={
+            "help": "ctranslate2 only: batches translated at once, each on --threads threads (--threads × "
+            "--inter_threads should not exceed the idle cores)."
+        },
+    )
     device: str | None = field(default=None, metadata={"help": "cpu, cuda, ... (default: a GPU if there is one)."})
     threads: int | None = field(
         default=None,
@@ -103,8 +110,8 @@ def main(argv: list[str] | None = None) -> None:
             raise ValueError(f"--num_beams={args.num_beams} must be at least 1.")
         if args.engine not in ENGINES:
             raise ValueError(f"--engine {args.engine!r} is not supported; allowed: {', '.join(ENGINES)}.")
-        if args.engine != "ctranslate2" and args.compute_type != "default":
-            raise ValueError("--compute_type applies to --engine ctranslate2 only.")
+        if args.engine != "ctranslate2" and (args.compute_type != "default" or args.inter_threads != 1):
+            raise ValueError("--compute_type and --inter_threads apply to --engine ctranslate2 only.")
         set_cpu_threads(args.threads)
         if args.engine == "ctranslate2":
             from vanilla_transformer.ctranslate2_export import load_ctranslate2_translator
@@ -115,6 +122,7 @@ def main(argv: list[str] | None = None) -> None:
                 device=args.device or "auto",
                 compute_type=args.compute_type,
                 threads=torch.get_num_threads(),
+                inter_threads=args.inter_threads,
             )
         else:
             model, tokenizer = load_translator(args.model_dir, device=args.device)

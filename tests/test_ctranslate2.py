@@ -131,6 +131,19 @@ def test_trained_model_greedy_and_beam_translations_are_identical(trained_model_
     assert exact >= 48, f"the trained model reverses only {exact}/64 sentences: the test would prove little"
 
 
+def test_several_workers_translate_batches_at_once_in_input_order(trained_model_dir, tmp_path):
+    exported = export_ctranslate2(trained_model_dir, str(tmp_path / "ct2"))
+    sources, _ = reverse_pairs(64, seed=TRAINING_SEED)
+    sources = sources[::-1] + [""]  # not sorted by length, and an empty line
+    expected = load_ctranslate2_translator(exported, threads=1).translate(sources, batch_size=4, num_beams=2)
+    workers = load_ctranslate2_translator(exported, threads=1, inter_threads=2)
+    assert workers.translator.num_translators == 2
+    assert workers.translate(sources, batch_size=4, num_beams=2) == expected
+    assert expected[-1] == ""
+    with pytest.raises(ValueError, match="inter_threads=0 is invalid"):
+        load_ctranslate2_translator(exported, inter_threads=0)
+
+
 def test_int8_export_translates_like_the_float_model(trained_model_dir, tmp_path, one_thread):
     float_translator = load_ctranslate2_translator(trained_model_dir, threads=1)
     int8_dir = export_ctranslate2(trained_model_dir, str(tmp_path / "int8"), quantization="int8")
@@ -244,7 +257,7 @@ def test_scripts_give_one_line_errors(trained_model_dir, tmp_path, capsys, monke
         )
     with pytest.raises(SystemExit, match=r"^translate.py: error: --engine 'onnx' is not supported"):
         load_script("translate").main(["--model_dir", trained_model_dir, "--engine", "onnx", "--text", "w1"])
-    with pytest.raises(SystemExit, match=r"^translate.py: error: --compute_type applies to --engine ctranslate2"):
+    with pytest.raises(SystemExit, match=r"^translate.py: error: --compute_type and --inter_threads apply to"):
         load_script("translate").main(["--model_dir", trained_model_dir, "--compute_type", "int8", "--text", "w1"])
     exported = export_ctranslate2(trained_model_dir, str(tmp_path / "short"), max_positions=4)
     with pytest.raises(SystemExit, match=r"^translate.py: error: sentence 1 has 6 tokens .* at most 4"):

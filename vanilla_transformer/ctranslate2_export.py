@@ -30,7 +30,7 @@ import json
 import os
 import shutil
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -301,9 +301,11 @@ class CTranslate2Translator:
         patience: float | None = None,
         max_new_tokens: int | None = None,
         extra_tokens: int = 50,
-    ) -> list[str]:
+        asynchronous: bool = False,
+    ) -> list[str] | Callable[[], list[str]]:
         """Translate one batch of tokenized sources (see `encode`); returns decoded strings. Without `max_new_tokens`
-        a translation may have the longest source's length + `extra_tokens` tokens, as `training.translate` does."""
+        a translation may have the longest source's length + `extra_tokens` tokens, as `training.translate` does.
+        `asynchronous`: return at once a function that waits for the strings (another worker translates)."""
         longest = max((len(tokens) for tokens in sources), default=0)
         if longest > self.max_positions:
             raise ValueError(
@@ -321,9 +323,15 @@ class CTranslate2Translator:
             max_decoding_length=limit,
             min_decoding_length=0,  # like generate(): the end token may come first
             max_input_length=0,  # never truncate silently: too long was refused above
+            asynchronous=asynchronous,
         )
-        ids = [self.tokenizer.convert_tokens_to_ids(result.hypotheses[0]) for result in results]
-        return [text.strip() for text in self.tokenizer.batch_decode(ids, skip_special_tokens=True)]
+
+        def decode() -> list[str]:
+            hypotheses = [(r.result() if asynchronous else r).hypotheses[0] for r in results]
+            ids = [self.tokenizer.convert_tokens_to_ids(tokens) for tokens in hypotheses]
+            return [text.strip() for text in self.tokenizer.batch_decode(ids, skip_special_tokens=True)]
+
+        return decode if asynchronous else decode()
 
     def translate(
         self,
@@ -339,7 +347,8 @@ class CTranslate2Translator:
     ) -> list[str]:
         """Translate `sentences` in batches of similar length, returning translations in input order; empty lines
         translate to empty lines. Beam size, length penalty and patience default to the saved generation config's
-        (see `GenerationDefaults`)."""
+        (see `GenerationDefaults`). With several CTranslate2 workers (`inter_threads`), as many batches are
+        translated at once."""
         from .training import translate_in_batches
 
         if num_beams is not None and num_beams < 1:
@@ -353,7 +362,9 @@ class CTranslate2Translator:
                 f"{self.max_positions} (its position table; export with a larger max_positions)."
             )
 
-        def run(batch: list[list[str]]) -> list[str]:
+        workers = self.translator.num_translators
+
+        def run(batch: list[list[str]]) -> list[str] | Callable[[], list[str]]:
             return self.translate_tokens(
                 batch,
                 num_beams=num_beams,
@@ -361,9 +372,11 @@ class CTranslate2Translator:
                 patience=patience,
                 max_new_tokens=max_new_tokens,
                 extra_tokens=extra_tokens,
+                asynchronous=workers > 1,
             )
 
-        return translate_in_batches(encoded, run, batch_size=batch_size, progress=progress)
+        lookahead = 2 * workers - 1 if workers > 1 else 0  # keeps every worker busy
+        return translate_in_batches(encoded, run, batch_size=batch_size, progress=progress, lookahead=lookahead)
 
 
 def load_ctranslate2_translator(
@@ -372,18 +385,22 @@ def load_ctranslate2_translator(
     device: str = "cpu",
     compute_type: str = "default",
     threads: int | None = None,
+    inter_threads: int = 1,
     quantization: str = "float32",
 ) -> CTranslate2Translator:
     """A `CTranslate2Translator` for an exported folder, or for a saved transformers model folder, which is then
     exported to a temporary folder with `quantization` first. `compute_type`: CTranslate2's type for computing
-    (default: the exported one); `threads`: CPU threads (default: CTranslate2's, one per core)."""
+    (default: the exported one); `threads`: CPU threads per batch (default: CTranslate2's, one per core);
+    `inter_threads`: batches translated at once, each on `threads` threads (threads × inter_threads should not exceed
+    the idle cores; measurements in docs/performance.md)."""
     ctranslate2 = require_ctranslate2()
     from transformers import AutoTokenizer
 
     if compute_type not in COMPUTE_TYPES:
         raise ValueError(f"compute_type={compute_type!r} is not supported; allowed: {', '.join(COMPUTE_TYPES)}.")
-    if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
-        raise ValueError(f"threads={threads!r} is invalid; it must be a positive number of threads.")
+    for name, value in (("threads", threads), ("inter_threads", inter_threads)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+            raise ValueError(f"{name}={value!r} is invalid; it must be a positive number of threads.")
     if not os.path.isdir(path):
         raise ValueError(f"{path!r} is not a folder.")
     if not is_ctranslate2_export(path):
@@ -393,11 +410,13 @@ def load_ctranslate2_translator(
             )
         with tempfile.TemporaryDirectory() as tmp:
             exported = export_ctranslate2(path, os.path.join(tmp, "ct2"), quantization=quantization)
-            return load_ctranslate2_translator(exported, device=device, compute_type=compute_type, threads=threads)
+            return load_ctranslate2_translator(
+                exported, device=device, compute_type=compute_type, threads=threads, inter_threads=inter_threads
+            )
     with open(os.path.join(path, EXPORT_INFO), encoding="utf-8") as f:
         info = json.load(f)
     translator = ctranslate2.Translator(
-        path, device=device, compute_type=compute_type, intra_threads=threads or 0, inter_threads=1
+        path, device=device, compute_type=compute_type, intra_threads=threads or 0, inter_threads=inter_threads
     )
     tokenizer = AutoTokenizer.from_pretrained(path)
     return CTranslate2Translator(translator, tokenizer, int(info["max_positions"]), _generation_defaults(path))

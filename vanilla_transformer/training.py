@@ -494,15 +494,19 @@ def load_translator(model_dir: str, device: str | None = None):
 
 def translate_in_batches(
     encoded: Sequence[Sequence | None],
-    run_batch: Callable[[list], list[str]],
+    run_batch: Callable[[list], list[str] | Callable[[], list[str]]],
     *,
     batch_size: int = 32,
     progress: bool | None = None,
+    lookahead: int = 0,
 ) -> list[str]:
     """The batching of `translate`, whatever the engine: `encoded` holds each sentence's tokens (None for an empty
     line, which translates to an empty line); sentences of similar length go through `run_batch` together (less
     padding), and the translations come back in input order. `progress`: a tqdm bar (default: when there is more than
-    one batch)."""
+    one batch).
+
+    An engine that translates several batches at once returns from `run_batch` a function that waits for the
+    translations; `lookahead` batches are then submitted ahead of the one being waited for."""
     from tqdm.auto import tqdm
 
     if batch_size <= 0:
@@ -511,8 +515,12 @@ def translate_in_batches(
     batches = [todo[start : start + batch_size] for start in range(0, len(todo), batch_size)]
     translations = [""] * len(encoded)
     bar = tqdm(total=len(todo), unit="sent", disable=not (len(batches) > 1 if progress is None else progress))
-    for batch in batches:
-        for i, text in zip(batch, run_batch([encoded[i] for i in batch])):
+    submitted = []
+    for index, batch in enumerate(batches):
+        while len(submitted) <= min(index + lookahead, len(batches) - 1):
+            submitted.append(run_batch([encoded[i] for i in batches[len(submitted)]]))
+        texts, submitted[index] = submitted[index], None
+        for i, text in zip(batch, texts() if callable(texts) else texts):
             translations[i] = text.strip()
         bar.update(len(batch))
     bar.close()
