@@ -7,6 +7,13 @@ Refreshes the model card (README.md) from the folder (config.json, generation_co
 training_args.json and the previous card's metadata), creates the repo if needed, and uploads the folder in one
 commit. Trainer's intermediate checkpoints (checkpoint-*/) and optimizer/scheduler states are not uploaded. The token
 comes from `hf auth login` or HF_TOKEN; HF_ENDPOINT selects another Hub.
+
+    python scripts/push_to_hub.py --model_dir runs/base-en-de --repo_id user/vanilla-transformer-en-de \
+        --with_ctranslate2 int8
+
+also exports the model to CTranslate2 (int8 weights: fast CPU translation) into the folder's `ctranslate2/`
+subfolder, uploads it in the same commit, and the model card says how to use it (docs/deployment.md). Without the
+flag a `ctranslate2/` subfolder is not uploaded, so that an export of older weights never travels with newer ones.
 """
 
 from __future__ import annotations
@@ -21,7 +28,7 @@ from safetensors import SafetensorError
 from transformers import AutoModel, HfArgumentParser
 
 from vanilla_transformer.checkpointing import load_trained_model
-from vanilla_transformer.model_card import write_model_card
+from vanilla_transformer.model_card import CTRANSLATE2_FOLDER, write_model_card
 
 IGNORE_PATTERNS = ["checkpoint-*", "*.pt", "*.pth", ".git/*"]
 
@@ -43,6 +50,13 @@ class PushArguments:
     target_lang: str | None = field(
         default=None, metadata={"help": "Target language code for the card, if not already in its metadata."}
     )
+    with_ctranslate2: str | None = field(
+        default=None,
+        metadata={
+            "help": f"Also upload a CTranslate2 export with these weights (e.g. int8) in {CTRANSLATE2_FOLDER}/; needs "
+            "pip install 'vanilla-transformer[ctranslate2]'."
+        },
+    )
 
 
 def check_model_dir(model_dir: str) -> str | None:
@@ -62,14 +76,33 @@ def check_model_dir(model_dir: str) -> str | None:
     return None
 
 
-def files_to_upload(model_dir: str) -> list[tuple[str, int]]:
+def ignore_patterns(with_ctranslate2: str | None) -> list[str]:
+    return IGNORE_PATTERNS if with_ctranslate2 else [*IGNORE_PATTERNS, f"{CTRANSLATE2_FOLDER}/*"]
+
+
+def files_to_upload(model_dir: str, with_ctranslate2: str | None = None) -> list[tuple[str, int]]:
     paths = [
         os.path.relpath(os.path.join(root, name), model_dir).replace(os.sep, "/")
         for root, _, names in os.walk(model_dir)
         for name in names
     ]
-    kept = filter_repo_objects(sorted(paths), ignore_patterns=IGNORE_PATTERNS)
+    kept = filter_repo_objects(sorted(paths), ignore_patterns=ignore_patterns(with_ctranslate2))
     return [(path, os.path.getsize(os.path.join(model_dir, path))) for path in kept]
+
+
+def export_for_upload(model_dir: str, quantization: str) -> str | None:
+    """Export `model_dir` to CTranslate2 into its CTRANSLATE2_FOLDER (replacing an older export); return what went
+    wrong in one line, or None."""
+    from vanilla_transformer.ctranslate2_export import export_ctranslate2
+
+    try:
+        export_ctranslate2(
+            model_dir, os.path.join(model_dir, CTRANSLATE2_FOLDER), quantization=quantization, force=True
+        )
+    except (ValueError, OSError, ImportError, RuntimeError) as error:
+        return f"--with_ctranslate2: {str(error).strip().splitlines()[0]}"
+    print(f"exported to CTranslate2 ({quantization}): {os.path.join(model_dir, CTRANSLATE2_FOLDER)}")
+    return None
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -77,6 +110,8 @@ def main(argv: list[str] | None = None) -> None:
     problem = check_model_dir(args.model_dir)
     if problem is None and args.repo_id.count("/") != 1:
         problem = f"--repo_id {args.repo_id!r} must be namespace/name, e.g. your-username/vanilla-transformer-en-de"
+    if problem is None and args.with_ctranslate2:
+        problem = export_for_upload(args.model_dir, args.with_ctranslate2)
     if problem:
         sys.exit(f"push_to_hub.py: error: {problem}")
 
@@ -86,6 +121,7 @@ def main(argv: list[str] | None = None) -> None:
         dataset_name=args.dataset_name,
         source_lang=args.source_lang,
         target_lang=args.target_lang,
+        ctranslate2=args.with_ctranslate2,
     )
     print(f"model card refreshed: {card}")
 
@@ -95,10 +131,10 @@ def main(argv: list[str] | None = None) -> None:
         repo_id=args.repo_id,
         folder_path=args.model_dir,
         commit_message=args.commit_message,
-        ignore_patterns=IGNORE_PATTERNS,
+        ignore_patterns=ignore_patterns(args.with_ctranslate2),
     )
 
-    files = files_to_upload(args.model_dir)
+    files = files_to_upload(args.model_dir, args.with_ctranslate2)
     width = max(len(path) for path, _ in files)
     print(f"\n{'file':<{width}}  {'bytes':>12}")
     for path, size in files:

@@ -5,6 +5,10 @@
     python scripts/translate.py --model_dir outputs/demo --input_file test.de --output_file test.hyp.en \
         --references test.en
     echo "dreihundertzweiundvierzig" | python scripts/translate.py --model_dir outputs/demo
+    python scripts/translate.py --model_dir outputs/demo-ct2 --engine ctranslate2 --input_file test.de
+
+--engine ctranslate2 translates with CTranslate2 (pip install 'vanilla-transformer[ctranslate2]'): from a folder
+written by scripts/export_ctranslate2.py, or from a saved model, which is then exported in memory first (float32).
 
 Sentences are batched by length (less padding) and written in input order; a progress bar (on stderr) shows on
 inputs of more than one batch. With --references, sacreBLEU and chrF of the translations are printed on stderr, so
@@ -18,11 +22,14 @@ import sys
 import time
 from dataclasses import dataclass, field
 
+import torch
 import transformers
 from transformers import HfArgumentParser
 
 import vanilla_transformer  # noqa: F401  (registers the model with the Auto classes)
 from vanilla_transformer.training import load_translator, set_cpu_threads, translate
+
+ENGINES = ("transformers", "ctranslate2")
 
 
 @dataclass
@@ -40,8 +47,30 @@ class TranslateArguments:
     )
     batch_size: int = field(default=32, metadata={"help": "Sentences per batch."})
     num_beams: int | None = field(default=None, metadata={"help": "Beam size (default: the model's, 4 for ours)."})
+    length_penalty: float | None = field(
+        default=None,
+        metadata={"help": "Beam scores are divided by length ** length_penalty (default: the model's, 1.0)."},
+    )
     max_new_tokens: int | None = field(
         default=None, metadata={"help": "Longest translation in tokens (default: longest input in the batch + 50)."}
+    )
+    engine: str = field(
+        default="transformers",
+        metadata={"help": "transformers (generate()) or ctranslate2 (an exported folder; much faster on CPU)."},
+    )
+    compute_type: str = field(
+        default="default",
+        metadata={
+            "help": "ctranslate2 only: the type to compute in, e.g. int8, int8_float32, float32 (default: the type "
+            "the folder was exported with)."
+        },
+    )
+    inter_threads: int = field(
+        default=1,
+        metadata={
+            "help": "ctranslate2 only: batches translated at once, each on --threads threads (--threads × "
+            "--inter_threads should not exceed the idle cores)."
+        },
     )
     device: str | None = field(default=None, metadata={"help": "cpu, cuda, ... (default: a GPU if there is one)."})
     threads: int | None = field(
@@ -79,20 +108,41 @@ def main(argv: list[str] | None = None) -> None:
             )
         if args.num_beams is not None and args.num_beams < 1:
             raise ValueError(f"--num_beams={args.num_beams} must be at least 1.")
+        if args.engine not in ENGINES:
+            raise ValueError(f"--engine {args.engine!r} is not supported; allowed: {', '.join(ENGINES)}.")
+        if args.engine != "ctranslate2" and (args.compute_type != "default" or args.inter_threads != 1):
+            raise ValueError("--compute_type and --inter_threads apply to --engine ctranslate2 only.")
         set_cpu_threads(args.threads)
-        model, tokenizer = load_translator(args.model_dir, device=args.device)
-    except (ValueError, OSError) as error:
+        if args.engine == "ctranslate2":
+            from vanilla_transformer.ctranslate2_export import load_ctranslate2_translator
+
+            # "auto": a GPU where CTranslate2 was built with CUDA and one is present, else the CPU
+            translator = load_ctranslate2_translator(
+                args.model_dir,
+                device=args.device or "auto",
+                compute_type=args.compute_type,
+                threads=torch.get_num_threads(),
+                inter_threads=args.inter_threads,
+            )
+        else:
+            model, tokenizer = load_translator(args.model_dir, device=args.device)
+    except (ValueError, OSError, ImportError, RuntimeError) as error:
         raise SystemExit(f"translate.py: error: {str(error).strip().splitlines()[0]}") from None
 
-    start = time.perf_counter()
-    translations = translate(
-        model,
-        tokenizer,
-        sentences,
+    options = dict(
         batch_size=args.batch_size,
         num_beams=args.num_beams,
+        length_penalty=args.length_penalty,
         max_new_tokens=args.max_new_tokens,
     )
+    start = time.perf_counter()
+    try:
+        if args.engine == "ctranslate2":
+            translations = translator.translate(sentences, **options)
+        else:
+            translations = translate(model, tokenizer, sentences, **options)
+    except ValueError as error:  # e.g. a sentence longer than the model accepts
+        raise SystemExit(f"translate.py: error: {str(error).strip().splitlines()[0]}") from None
     seconds = time.perf_counter() - start
 
     output = open(args.output_file, "w", encoding="utf-8") if args.output_file else sys.stdout
