@@ -26,14 +26,8 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-SIZES = {  # field names shared by MarianConfig and VanillaTransformerConfig
-    "tiny": dict(d_model=32, encoder_layers=1, decoder_layers=1, encoder_attention_heads=2, decoder_attention_heads=2,
-                 encoder_ffn_dim=64, decoder_ffn_dim=64),
-    "small": dict(d_model=256, encoder_layers=3, decoder_layers=3, encoder_attention_heads=4, decoder_attention_heads=4,
-                  encoder_ffn_dim=1024, decoder_ffn_dim=1024),
-    "base": dict(d_model=512, encoder_layers=6, decoder_layers=6, encoder_attention_heads=8, decoder_attention_heads=8,
-                 encoder_ffn_dim=2048, decoder_ffn_dim=2048),
-}  # fmt: skip
+from speed import SIZES  # noqa: E402  (d_model, layers, heads, FFN of each size)
+
 MAX_LENGTH = 256  # source and target truncation on both sides (train.py's presets)
 
 
@@ -79,10 +73,17 @@ def train_marian(args: argparse.Namespace) -> None:
     tokenizer = AutoTokenizer.from_pretrained(os.path.join(args.output_dir, "tokenizer"))
     vocab = len(tokenizer)
     config = MarianConfig(
-        vocab_size=vocab, decoder_vocab_size=vocab, **SIZES[args.size], activation_function="relu", dropout=0.1,
-        max_position_embeddings=MAX_LENGTH + 2, scale_embedding=True, pad_token_id=tokenizer.pad_token_id,
-        eos_token_id=tokenizer.eos_token_id, decoder_start_token_id=tokenizer.pad_token_id,
-    )  # fmt: skip
+        vocab_size=vocab,
+        decoder_vocab_size=vocab,
+        **SIZES[args.size].layout(),
+        activation_function="relu",
+        dropout=0.1,
+        max_position_embeddings=MAX_LENGTH + 2,
+        scale_embedding=True,
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        decoder_start_token_id=tokenizer.pad_token_id,
+    )
     model = AutoModelForSeq2SeqLM.from_config(config)
     src, tgt = args.source_lang, args.target_lang
 
@@ -107,7 +108,7 @@ def train_marian(args: argparse.Namespace) -> None:
 
 
 def ours_command(args: argparse.Namespace, run_dir: str) -> list[str]:
-    overrides = ",".join(f"{key}={value}" for key, value in SIZES[args.size].items())
+    overrides = ",".join(f"{key}={value}" for key, value in SIZES[args.size].layout().items())
     return [
         sys.executable, os.path.join(ROOT, "scripts", "train.py"), "--preset", "base",
         "--config_overrides", f"{overrides},dropout=0.1,max_position_embeddings={MAX_LENGTH}",

@@ -54,6 +54,18 @@ class ModelSize:
     ffn_dim: int
     vocab_size: int
 
+    def layout(self) -> dict[str, int]:
+        """The sizes as config fields, named alike in VanillaTransformerConfig and MarianConfig."""
+        return dict(
+            d_model=self.d_model,
+            encoder_layers=self.layers,
+            decoder_layers=self.layers,
+            encoder_attention_heads=self.heads,
+            decoder_attention_heads=self.heads,
+            encoder_ffn_dim=self.ffn_dim,
+            decoder_ffn_dim=self.ffn_dim,
+        )
+
 
 SIZES = {
     "tiny": ModelSize(d_model=32, layers=2, heads=2, ffn_dim=64, vocab_size=128),  # for tests only
@@ -143,13 +155,7 @@ def model_configs(size: str, attn_implementation: str = "sdpa") -> dict[str, Van
     shared = dict(
         vocab_size=s.vocab_size,
         decoder_vocab_size=s.vocab_size,
-        d_model=s.d_model,
-        encoder_layers=s.layers,
-        decoder_layers=s.layers,
-        encoder_attention_heads=s.heads,
-        decoder_attention_heads=s.heads,
-        encoder_ffn_dim=s.ffn_dim,
-        decoder_ffn_dim=s.ffn_dim,
+        **s.layout(),
         activation_function="relu",
         dropout=0.1,
         attention_dropout=0.0,

@@ -195,11 +195,7 @@ def local_parameter_share(model: torch.nn.Module) -> tuple[int, int]:
     """(elements this process holds, elements of the whole model) over the model's distinct parameters: equal
     without sharding, about 1/N of it with FSDP over N processes."""
     local = total = 0
-    seen: set[int] = set()
-    for parameter in model.parameters():
-        if id(parameter) in seen:
-            continue
-        seen.add(id(parameter))
+    for parameter in model.parameters():  # each shared parameter once
         total += parameter.numel()
         to_local = getattr(parameter, "to_local", None)
         local += to_local().numel() if to_local is not None else parameter.numel()
