@@ -31,7 +31,7 @@ from vanilla_transformer import (
     VanillaTransformerModel,
 )
 from vanilla_transformer import input_checks_vanilla_transformer as input_checks
-from vanilla_transformer.modeling_vanilla_transformer import SinusoidalPositionalEncoding
+from vanilla_transformer.modeling_vanilla_transformer import SinusoidalPositionalEncoding, residual_dropout
 
 
 def make_model(attn_implementation: str = "sdpa", **overrides) -> VanillaTransformerForConditionalGeneration:
@@ -94,6 +94,21 @@ def test_layer_norm_uses_biased_variance_and_starts_at_identity():
     x = torch.randn(4, 32)
     expected = (x - x.mean(-1, keepdim=True)) / torch.sqrt(x.var(-1, unbiased=False, keepdim=True) + 1e-5)
     torch.testing.assert_close(norm(x), expected)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_residual_dropout_zeroes_p_and_scales_the_rest_by_one_over_one_minus_p(dtype):
+    torch.manual_seed(0)
+    x = torch.ones(1000, 200, dtype=dtype, requires_grad=True)
+    y = residual_dropout(x, 0.1, training=True)
+    kept = y != 0
+    assert y.dtype == dtype and abs((~kept).float().mean().item() - 0.1) < 0.003
+    assert torch.equal(y[kept], torch.full_like(y[kept], 1 / 0.9))  # 1/(1-p), rounded to the dtype
+    y.backward(torch.ones_like(y))
+    assert torch.equal(x.grad, y.detach())  # d y / d x: the same mask and scale
+    assert residual_dropout(x, 0.1, training=False) is x and residual_dropout(x, 0.0, training=True) is x
+    other = residual_dropout(x, 0.1, training=True)
+    assert not torch.equal(other != 0, kept)  # a new mask on every call
 
 
 @pytest.mark.parametrize("scheme", ["normal", "xavier"])
