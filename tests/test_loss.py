@@ -1,7 +1,9 @@
 """The model's training loss: label-smoothed token cross-entropy, equal to transformers' LabelSmoother in value and
-gradient, in every dtype, with Trainer's normalisation, and taken by the project's trainer."""
+gradient, in every dtype, with Trainer's normalisation, with or without the logits made, and taken by the project's
+trainer."""
 
 import copy
+import functools
 
 import pytest
 import torch
@@ -9,7 +11,13 @@ from conftest import tiny_model
 from transformers import Seq2SeqTrainer, Seq2SeqTrainingArguments
 from transformers.trainer_pt_utils import LabelSmoother
 
-from vanilla_transformer.loss_vanilla_transformer import TokenCrossEntropy, token_cross_entropy
+from vanilla_transformer import loss_vanilla_transformer
+from vanilla_transformer.loss_vanilla_transformer import (
+    LinearCrossEntropy,
+    TokenCrossEntropy,
+    linear_cross_entropy,
+    token_cross_entropy,
+)
 from vanilla_transformer.training import TranslationTrainer
 
 
@@ -72,6 +80,86 @@ def test_bad_label_smoothing_and_labels_are_named():
         token_cross_entropy(logits, labels[:, :6])
 
 
+def hidden_weight_and_labels(dtype=torch.float32, batch=3, length=7, d_model=8, vocab=50):
+    hidden = torch.randn(batch, length, d_model, dtype=torch.float64).to(dtype).requires_grad_()
+    weight = torch.randn(vocab, d_model, dtype=torch.float64).to(dtype).requires_grad_()
+    _, labels = logits_and_labels(batch=batch, length=length, vocab=vocab)
+    return hidden, weight, labels
+
+
+@pytest.mark.parametrize("epsilon", [0.0, 0.1])
+@pytest.mark.parametrize("rows", [4, 256])  # several blocks (the last one shorter), and one
+def test_linear_cross_entropy_equals_the_loss_of_the_logits(epsilon, rows, monkeypatch):
+    """Without making the logits, the same loss and the same gradients for the hidden states and the weight."""
+    monkeypatch.setattr(loss_vanilla_transformer, "_ROWS", rows)
+    hidden, weight, labels = hidden_weight_and_labels()
+    loss = linear_cross_entropy(hidden, weight, labels, epsilon, num_items_in_batch=40)
+    grads = torch.autograd.grad(loss, (hidden, weight))
+    expected = token_cross_entropy(hidden @ weight.T, labels, epsilon, num_items_in_batch=40)
+    expected_grads = torch.autograd.grad(expected, (hidden, weight))
+    torch.testing.assert_close(loss, expected, rtol=1e-6, atol=0)
+    for grad, expected_grad in zip(grads, expected_grads):
+        torch.testing.assert_close(grad, expected_grad, rtol=1e-5, atol=1e-6)
+    assert grads[0][0, 2:].abs().max() == 0  # -100 positions get no gradient
+    with torch.no_grad():  # forward only: the same value
+        torch.testing.assert_close(linear_cross_entropy(hidden, weight, labels, epsilon, 40), expected)
+
+
+@pytest.mark.parametrize("epsilon", [0.0, 0.1])
+def test_linear_cross_entropy_gradcheck_in_float64(epsilon, monkeypatch):
+    monkeypatch.setattr(loss_vanilla_transformer, "_ROWS", 2)
+    hidden, weight, labels = hidden_weight_and_labels(torch.float64, batch=2, length=3, d_model=4, vocab=6)
+
+    def loss(h, w):
+        return LinearCrossEntropy.apply(h.flatten(0, 1), w, labels.flatten(), epsilon)
+
+    assert torch.autograd.gradcheck(loss, (hidden, weight))
+
+
+def test_linear_cross_entropy_under_bf16_autocast():
+    """Under autocast the products run in bfloat16, like nn.Linear's, and the sums in float32: the loss is close to
+    float32's, and the gradients come back in the dtypes of the float32 hidden states and weight."""
+    hidden, weight, labels = hidden_weight_and_labels(d_model=64, vocab=1000)
+    with torch.autocast("cpu", torch.bfloat16):
+        loss = linear_cross_entropy(hidden, weight, labels, 0.1)
+        logits = torch.nn.functional.linear(hidden, weight)
+        reference = token_cross_entropy(logits, labels, 0.1)  # the unfused path under the same autocast
+    grads = torch.autograd.grad(loss, (hidden, weight))
+    expected_grads = torch.autograd.grad(reference, (hidden, weight))
+    assert logits.dtype == torch.bfloat16 and loss.dtype == torch.float32
+    assert grads[0].dtype == grads[1].dtype == torch.float32
+    torch.testing.assert_close(loss, reference, rtol=1e-5, atol=0)
+    for grad, expected_grad in zip(grads, expected_grads):
+        torch.testing.assert_close(grad, expected_grad, rtol=2e-2, atol=2e-3)
+    exact = linear_cross_entropy(hidden, weight, labels, 0.1)
+    torch.testing.assert_close(loss, exact, rtol=2e-2, atol=0)  # bfloat16 products: 8 bits of mantissa
+
+
+def test_model_skip_logits_gives_the_same_loss_without_logits():
+    model = tiny_model(dropout=0.0).train()
+    ids, labels = torch.randint(3, 64, (4, 6)), torch.randint(3, 64, (4, 5))
+    labels[0, 2:] = -100
+    results = []
+    for skip_logits in (False, True):
+        model.zero_grad()
+        out = model(input_ids=ids, labels=labels, label_smoothing=0.1, skip_logits=skip_logits)
+        out.loss.backward()
+        results.append((out, [p.grad.clone() for p in model.parameters()]))
+    (full, full_grads), (skipped, skipped_grads) = results
+    assert full.logits.shape == (4, 5, 64) and skipped.logits is None
+    torch.testing.assert_close(skipped.loss, full.loss, rtol=1e-6, atol=0)
+    for a, b in zip(skipped_grads, full_grads):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-7)
+    with pytest.raises(ValueError, match="skip_logits=True returns only the loss, so it needs `labels`"):
+        model(input_ids=ids, decoder_input_ids=labels.clamp(min=0), skip_logits=True)
+    # a hook (or an adapter) on lm_head would be bypassed by the fused loss: lm_head then runs as usual
+    calls = []
+    model.lm_head.register_forward_hook(lambda *args: calls.append(1))
+    hooked = model(input_ids=ids, labels=labels, label_smoothing=0.1, skip_logits=True)
+    assert calls == [1] and hooked.logits is not None
+    torch.testing.assert_close(hooked.loss, full.loss, rtol=1e-6, atol=0)
+
+
 def test_model_loss_is_label_smoothed_and_accumulates_exactly():
     """The model's label_smoothing equals LabelSmoother on its logits; with Trainer's num_items_in_batch the summed
     micro-batch gradients equal the whole batch's."""
@@ -94,6 +182,19 @@ def test_model_loss_is_label_smoothed_and_accumulates_exactly():
         model(input_ids=ids[rows], labels=labels[rows], label_smoothing=0.1, num_items_in_batch=total).loss.backward()
     for a, b in zip(whole, [p.grad for p in model.parameters()]):
         torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-5)
+
+
+def record_forward_kwargs(monkeypatch, model) -> list[dict]:
+    """The keyword arguments of every call of the model's forward (whose signature the trainer still reads)."""
+    calls, forward = [], type(model).forward
+
+    @functools.wraps(forward)
+    def recording_forward(self, **kwargs):
+        calls.append(kwargs)
+        return forward(self, **kwargs)
+
+    monkeypatch.setattr(type(model), "forward", recording_forward)
+    return calls
 
 
 def test_project_trainer_hands_label_smoothing_to_the_model(tmp_path, monkeypatch, one_thread):
@@ -120,8 +221,25 @@ def test_project_trainer_hands_label_smoothing_to_the_model(tmp_path, monkeypatc
     expected, expected_grads, _ = step(Seq2SeqTrainer)
     calls = []
     monkeypatch.setattr(LabelSmoother, "__call__", lambda *a, **k: calls.append(1))
+    model_kwargs = record_forward_kwargs(monkeypatch, model)
     loss, grads, trainer = step(TranslationTrainer)
     assert calls == [] and trainer.label_smoother.epsilon == 0.1  # still there for evaluation with generation
+    assert model_kwargs[-1]["label_smoothing"] == 0.1 and model_kwargs[-1]["skip_logits"] is True
     torch.testing.assert_close(loss, expected, rtol=1e-6, atol=0)
     for a, b in zip(grads, expected_grads):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-7)
+
+
+def test_project_trainer_skips_the_logits_in_training_only(tmp_path, monkeypatch, one_thread):
+    """Without label smoothing too, training steps ask the model for the loss alone; evaluation keeps the logits."""
+    model = tiny_model(dropout=0.0)
+    args = Seq2SeqTrainingArguments(output_dir=str(tmp_path), report_to=[], use_cpu=True)
+    labels = torch.tensor([[8, 9, 2, -100], [11, 12, 13, 2]])
+    batch = {"input_ids": torch.tensor([[5, 6, 7, 2], [10, 2, 0, 0]]), "labels": labels}
+    model_kwargs = record_forward_kwargs(monkeypatch, model)
+    trainer = TranslationTrainer(model=model, args=args)
+    loss = trainer.compute_loss(model, dict(batch))
+    assert model_kwargs[-1]["skip_logits"] is True and "label_smoothing" not in model_kwargs[-1]
+    torch.testing.assert_close(loss, Seq2SeqTrainer(model=model, args=args).compute_loss(model, dict(batch)))
+    loss, outputs = trainer.compute_loss(model, dict(batch), return_outputs=True)
+    assert "skip_logits" not in model_kwargs[-1] and outputs.logits.shape == (2, 4, 64)

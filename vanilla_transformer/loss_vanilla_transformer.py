@@ -6,6 +6,22 @@ Copied into every checkpoint beside the modeling file, so it imports only torch.
 import torch
 
 _BLOCKS = 16  # row blocks: 2048 positions × 32000 logits -> 16 MiB per block, which stays in cache
+_ROWS = 256  # positions per block of LinearCrossEntropy: fewer make the products slower, more leave the cache
+
+
+def _smoothed_gradient_(
+    exp: torch.Tensor,
+    targets: torch.Tensor,
+    eps: float,
+    row_scale: torch.Tensor,
+    normaliser: torch.Tensor | None = None,
+) -> None:
+    """exp(logits) / normaliser = softmax -> (softmax - (1-ε) onehot(label) - ε/V) × row_scale, in place: the gradient
+    of the smoothed loss with respect to the logits, in two passes over the block."""
+    exp.mul_((row_scale if normaliser is None else row_scale / normaliser)[:, None])
+    if eps:
+        exp.sub_((row_scale * (eps / exp.shape[-1]))[:, None])
+    exp.scatter_add_(1, targets[:, None], (row_scale * (eps - 1.0))[:, None])
 
 
 class TokenCrossEntropy(torch.autograd.Function):
@@ -46,22 +62,103 @@ class TokenCrossEntropy(torch.autograd.Function):
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad_output: torch.Tensor) -> tuple[torch.Tensor, None, None]:
         logits, log_normaliser, targets, labelled = ctx.saved_tensors
-        eps = ctx.label_smoothing
         grad = torch.empty_like(logits)
-        scale = (grad_output * labelled).to(grad.dtype)  # 0 where the label is -100
+        scale = (grad_output * labelled).to(log_normaliser.dtype)  # 0 where the label is -100
         # block by block, so that each pass over a block finds it in cache
         for block, norm, target, row_scale, grad_block in zip(
             *(t.tensor_split(_BLOCKS) for t in (logits, log_normaliser, targets, scale, grad))
         ):
             if block.dtype == norm.dtype:
                 torch.sub(block, norm[:, None], out=grad_block).exp_()  # softmax(logits), written in place
-            else:  # half precision: exponentiate in float32, then round once
-                grad_block.copy_(torch.exp(block.to(norm.dtype) - norm[:, None]))
-            if eps:
-                grad_block.sub_(eps / logits.shape[-1])
-            grad_block.scatter_add_(1, target[:, None], grad_block.new_full((len(target), 1), eps - 1.0))
-            grad_block.mul_(row_scale[:, None])
+                _smoothed_gradient_(grad_block, target, ctx.label_smoothing, row_scale)
+            else:  # half precision: the gradient in float32, then round once
+                softmax = torch.exp(block.to(norm.dtype) - norm[:, None])
+                _smoothed_gradient_(softmax, target, ctx.label_smoothing, row_scale)
+                grad_block.copy_(softmax)
         return grad, None, None
+
+
+class LinearCrossEntropy(torch.autograd.Function):
+    """``TokenCrossEntropy`` of the logits ``hidden_states @ weight.T`` (the pre-softmax projection, §3.4), which never
+    exist whole: 256 positions at a time, the block of logits is made, its loss summed and its gradient written in
+    place, and that gradient is multiplied straight into the gradients of the hidden states and of the weight.
+
+    Training needs no logits, only the loss and these two gradients, so this saves the two largest tensors of the
+    step (the logits and their gradient, positions × vocabulary each) and the time to fill them from fresh memory.
+    The products are the three the unfused path computes; the weight's gradient is accumulated block by block.
+    """
+
+    @staticmethod
+    def forward(
+        ctx, hidden_states: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor, label_smoothing: float
+    ) -> torch.Tensor:
+        # hidden_states: (positions, d_model), weight: (vocab, d_model), labels: (positions,)
+        device = hidden_states.device.type
+        # the products in autocast's dtype when it is on (as nn.Linear would), the loss's sums in float32 or more
+        dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else hidden_states.dtype
+        with torch.autocast(device, enabled=False):
+            hidden, matrix = hidden_states.to(dtype), weight.to(dtype)
+            labelled = labels != -100
+            targets = labels.masked_fill(~labelled, 0)
+            sum_dtype = torch.promote_types(dtype, torch.float32)
+            need_grad = ctx.needs_input_grad[0] or ctx.needs_input_grad[1]
+            grad_hidden = torch.empty_like(hidden) if need_grad else None
+            grad_weight = None
+            total = torch.zeros((), dtype=sum_dtype, device=hidden.device)
+            # one block of logits, reused: fresh memory of this size costs page faults on every allocation
+            buffer = hidden.new_empty(min(_ROWS, len(hidden)), len(matrix))
+            for start in range(0, len(hidden), _ROWS):
+                rows = slice(start, start + _ROWS)
+                block = hidden[rows]
+                logits = torch.mm(block, matrix.T, out=buffer[: len(block)]).to(sum_dtype)
+                target, scale = targets[rows], labelled[rows].to(sum_dtype)  # scale: 0 where the label is -100
+                # -log p(v) = log Σ exp(logits) - logit_v, and log Σ exp = max + log Σ exp(logits - max)
+                loss = -(1.0 - label_smoothing) * logits.gather(1, target[:, None]).squeeze(1)
+                if label_smoothing:
+                    loss -= label_smoothing * logits.mean(dim=-1)
+                max_logit = logits.amax(dim=-1, keepdim=True)
+                exp = logits.sub_(max_logit).exp_()  # in place: the block becomes exp(logits - max)
+                sum_exp = exp.sum(dim=-1)
+                total += ((loss + max_logit.squeeze(1) + sum_exp.log()) * scale).sum()
+                if not need_grad:
+                    continue
+                _smoothed_gradient_(exp, target, label_smoothing, scale, normaliser=sum_exp)
+                gradient = exp.to(dtype)  # (rows, vocab): d loss / d logits
+                torch.mm(gradient, matrix, out=grad_hidden[rows])
+                if grad_weight is None:
+                    grad_weight = (gradient.T @ block).to(weight.dtype)
+                elif grad_weight.dtype == dtype:
+                    grad_weight.addmm_(gradient.T, block)
+                else:  # half-precision products, float32 weights: accumulate in the weight's dtype
+                    grad_weight += gradient.T @ block
+            if need_grad and grad_weight is None:  # no positions at all
+                grad_weight = torch.zeros_like(weight)
+        ctx.gradients, ctx.hidden_dtype = (grad_hidden, grad_weight), hidden_states.dtype
+        return total
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad_output: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, None, None]:
+        grad_hidden, grad_weight = ctx.gradients
+        return (grad_hidden * grad_output).to(ctx.hidden_dtype), grad_weight * grad_output, None, None
+
+
+def _check(labels: torch.Tensor, positions: torch.Size, label_smoothing: float) -> None:
+    if not 0.0 <= label_smoothing < 1.0:
+        raise ValueError(f"label_smoothing={label_smoothing!r} is invalid; it must be in [0, 1).")
+    if labels.shape != positions:
+        raise ValueError(
+            f"`labels` has shape {tuple(labels.shape)} but the decoder produced {tuple(positions)} "
+            "(batch, target length) positions; labels must match decoder_input_ids position for position."
+        )
+
+
+def _mean(loss: torch.Tensor, labels: torch.Tensor, num_items_in_batch: int | torch.Tensor | None) -> torch.Tensor:
+    if num_items_in_batch is None:
+        num_items_in_batch = (labels != -100).sum()
+    # A batch with no labelled token (all -100) gets loss 0.0, still attached to the graph, so that backward gives
+    # zero gradients; a mean over zero items would be 0 / 0 = NaN and poison the weights.
+    return loss / torch.as_tensor(num_items_in_batch, device=loss.device).clamp(min=1)
 
 
 def token_cross_entropy(
@@ -75,17 +172,28 @@ def token_cross_entropy(
 
     logits: (batch, length, vocab); labels: (batch, length), -100 where no loss is wanted.
     """
-    if not 0.0 <= label_smoothing < 1.0:
-        raise ValueError(f"label_smoothing={label_smoothing!r} is invalid; it must be in [0, 1).")
-    if labels.shape != logits.shape[:2]:
-        raise ValueError(
-            f"`labels` has shape {tuple(labels.shape)} but the decoder produced {tuple(logits.shape[:2])} "
-            "(batch, target length) positions; labels must match decoder_input_ids position for position."
-        )
+    _check(labels, logits.shape[:2], label_smoothing)
     labels = labels.to(logits.device)
     loss = TokenCrossEntropy.apply(logits.flatten(0, 1), labels.flatten(), float(label_smoothing))
-    if num_items_in_batch is None:
-        num_items_in_batch = (labels != -100).sum()
-    # A batch with no labelled token (all -100) gets loss 0.0, still attached to the graph, so that backward gives
-    # zero gradients; a mean over zero items would be 0 / 0 = NaN and poison the weights.
-    return loss / torch.as_tensor(num_items_in_batch, device=loss.device).clamp(min=1)
+    return _mean(loss, labels, num_items_in_batch)
+
+
+def linear_cross_entropy(
+    hidden_states: torch.Tensor,
+    weight: torch.Tensor,
+    labels: torch.Tensor,
+    label_smoothing: float = 0.0,
+    num_items_in_batch: int | torch.Tensor | None = None,
+) -> torch.Tensor:
+    """``token_cross_entropy(hidden_states @ weight.T, labels, ...)`` without the logits (``LinearCrossEntropy``), over
+    the labelled positions only.
+
+    hidden_states: (batch, length, d_model); weight: (vocab, d_model); labels: (batch, length).
+    """
+    _check(labels, hidden_states.shape[:2], label_smoothing)
+    labels = labels.to(hidden_states.device).flatten()
+    # positions labelled -100 (padding) add nothing to the loss: their logits are not even computed
+    labelled = labels != -100
+    hidden_states, labels = hidden_states.flatten(0, 1)[labelled], labels[labelled]
+    loss = LinearCrossEntropy.apply(hidden_states, weight, labels, float(label_smoothing))
+    return _mean(loss, labels, num_items_in_batch)

@@ -34,7 +34,7 @@ from transformers.utils.output_capturing import OutputRecorder, capture_outputs
 
 from .configuration_vanilla_transformer import VanillaTransformerConfig
 from .input_checks_vanilla_transformer import check_inputs
-from .loss_vanilla_transformer import token_cross_entropy
+from .loss_vanilla_transformer import linear_cross_entropy, token_cross_entropy
 
 
 def shift_tokens_right(input_ids: torch.Tensor, pad_token_id: int | None, decoder_start_token_id: int | None):
@@ -219,15 +219,9 @@ class MultiHeadAttention(nn.Module):
         attention_interface: Callable = ALL_ATTENTION_FUNCTIONS.get_interface(
             self.config._attn_implementation, scaled_dot_product_attention
         )
+        dropout = self.dropout if self.training else 0.0
         output, weights = attention_interface(
-            self,
-            query,
-            key,
-            value,
-            attention_mask,
-            dropout=self.dropout if self.training else 0.0,
-            scaling=self.scaling,
-            **kwargs,
+            self, query, key, value, attention_mask, dropout=dropout, scaling=self.scaling, **kwargs
         )
         output = output.reshape(batch_size, q_len, -1)  # concatenate the heads: (batch, q_len, d_model)
         return self.out_proj(output), weights
@@ -629,11 +623,16 @@ class VanillaTransformerForConditionalGeneration(VanillaTransformerPreTrainedMod
         use_cache: bool | None = None,
         num_items_in_batch: int | torch.Tensor | None = None,
         label_smoothing: float = 0.0,
+        skip_logits: bool = False,
         **kwargs: Unpack[TransformersKwargs],
     ) -> Seq2SeqLMOutput:
         r"""num_items_in_batch: the number of labelled tokens in the whole (accumulated) batch, passed by Trainer, so
         that the loss summed over micro-batches is the mean over that batch whatever the accumulation.
-        label_smoothing: ε_ls of the loss (§5.4; the project's trainer passes ``label_smoothing_factor`` here)."""
+        label_smoothing: ε_ls of the loss (§5.4; the project's trainer passes ``label_smoothing_factor`` here).
+        skip_logits: only the loss is needed: it is then computed without making the logits (``logits=None``), which
+        saves their memory and time (the project's trainer asks for this in training steps)."""
+        if skip_logits and labels is None:
+            raise ValueError("skip_logits=True returns only the loss, so it needs `labels`.")
         if labels is not None:
             check_inputs(self.config, decoder=True, labels=labels)
             use_cache = False
@@ -651,23 +650,18 @@ class VanillaTransformerForConditionalGeneration(VanillaTransformerPreTrainedMod
             use_cache=use_cache,
             **kwargs,
         )
-        logits = self.lm_head(outputs.last_hidden_state)  # (batch, tgt_len, target vocab)
-
-        loss = None
-        if labels is not None:
-            loss = token_cross_entropy(logits, labels, label_smoothing, num_items_in_batch)
-
-        return Seq2SeqLMOutput(
-            loss=loss,
-            logits=logits,
-            cache=outputs.cache,
-            decoder_hidden_states=outputs.decoder_hidden_states,
-            decoder_attentions=outputs.decoder_attentions,
-            cross_attentions=outputs.cross_attentions,
-            encoder_last_hidden_state=outputs.encoder_last_hidden_state,
-            encoder_hidden_states=outputs.encoder_hidden_states,
-            encoder_attentions=outputs.encoder_attentions,
-        )
+        hidden, head, loss, logits = outputs.last_hidden_state, self.lm_head, None, None
+        # the fused loss reads lm_head's weight: not with an adapter or a hook on lm_head, which it would bypass
+        plain_head = type(head) is nn.Linear and not (head._forward_hooks or head._forward_pre_hooks)
+        if skip_logits and plain_head:
+            loss = linear_cross_entropy(hidden, head.weight, labels, label_smoothing, num_items_in_batch)
+        else:
+            logits = head(hidden)  # (batch, tgt_len, target vocab)
+            if labels is not None:
+                loss = token_cross_entropy(logits, labels, label_smoothing, num_items_in_batch)
+        # the model's outputs (cache, hidden states, attentions), with the logits in place of the last hidden state
+        others = {name: value for name, value in outputs.items() if name != "last_hidden_state"}
+        return Seq2SeqLMOutput(loss=loss, logits=logits, **others)
 
 
 class VanillaTransformerClassificationHead(nn.Module):

@@ -376,21 +376,24 @@ class TranslationTrainer(TokenBatchingSeq2SeqTrainer):
     label smoothing computed by the model.
 
     With ``label_smoothing_factor``, a model whose ``forward`` takes ``label_smoothing`` (ours) computes the smoothed
-    training loss itself, in one memory-lean pass over the logits, instead of Trainer's ``LabelSmoother`` (a
-    log-softmax of the logits' size and its backward), with the same value. (Evaluation with generation keeps
-    ``LabelSmoother``: it has no backward.)
+    training loss itself, with the same value as Trainer's ``LabelSmoother`` (which needs a log-softmax of the logits'
+    size and its backward), and in training steps a model that takes ``skip_logits`` returns that loss without making
+    the logits at all. (Evaluation keeps the logits; with generation it keeps ``LabelSmoother``: it has no backward.)
     """
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
-        smoother = self.label_smoother
         forward = inspect.signature(self.accelerator.unwrap_model(model).forward).parameters
-        if smoother is None or "labels" not in inputs or "label_smoothing" not in forward:
+        smoother, extra = self.label_smoother, {}
+        if smoother is not None and "label_smoothing" in forward:
+            extra["label_smoothing"] = smoother.epsilon
+        if not return_outputs and "skip_logits" in forward and (smoother is None or extra):
+            extra["skip_logits"] = True  # a training step: only the loss is used
+        if not extra or "labels" not in inputs or self.compute_loss_func is not None:
             return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
         # Trainer would pop the labels and smooth the logits itself; hand the labels and ε to the model instead
         self.label_smoother = None
         try:
-            inputs = {**inputs, "label_smoothing": smoother.epsilon}
-            return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
+            return super().compute_loss(model, {**inputs, **extra}, return_outputs, num_items_in_batch)
         finally:
             self.label_smoother = smoother
 
