@@ -214,6 +214,11 @@ def _autocast(settings: BenchmarkSettings, dtype: str | None = None):
     return torch.autocast(settings.device, dtype=DTYPES[dtype], enabled=dtype != "fp32")
 
 
+def trainer_optimizer(model: torch.nn.Module) -> torch.optim.AdamW:
+    """Trainer's default optimizer (``optim="adamw_torch_fused"``): AdamW as one fused kernel per step."""
+    return torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
+
+
 def training_step(
     model: torch.nn.Module,
     optimizer: torch.optim.Optimizer,
@@ -230,8 +235,8 @@ def training_step(
         labels = batch["labels"]
         batch = {key: value for key, value in batch.items() if key != "labels"}
         batch["decoder_input_ids"] = model.prepare_decoder_input_ids_from_labels(labels)
-    elif label_smoothing:
-        batch = {**batch, "label_smoothing": label_smoothing}
+    elif label_smoothing:  # train.py's trainer: the model smooths, and returns the loss without making logits
+        batch = {**batch, "label_smoothing": label_smoothing, "skip_logits": True}
 
     def step() -> float:
         optimizer.zero_grad(set_to_none=True)
@@ -384,7 +389,7 @@ def memory_child(arguments: str) -> None:
     torch.set_num_threads(settings.threads)
     size, name = arguments["size"], arguments["model"]
     model = build_model(name, size, settings).train()
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    optimizer = trainer_optimizer(model)
     batch = training_batch(size, settings)
     step = training_step(model, optimizer, batch, settings, label_smoothing=arguments["label_smoothing"])
     gc.collect()
@@ -557,7 +562,7 @@ def _measure(row: str, size: str, settings: BenchmarkSettings) -> list[dict]:
         calls, warmup = {}, settings.warmup
         for name, model in models.items():
             model.train()
-            optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+            optimizer = trainer_optimizer(model)
             if row == "train_compiled":
                 model, warmup = torch.compile(model), settings.compile_warmup
             smoothing = LABEL_SMOOTHING if row == "train_ls" else 0.0
@@ -656,7 +661,7 @@ def profile_models(settings: BenchmarkSettings, steps: int = 2, row_limit: int =
     for size in settings.sizes:
         for name in MODELS:
             model = build_model(name, size, settings)
-            optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+            optimizer = trainer_optimizer(model)
             workloads = {
                 # train.py's path: label smoothing 0.1 (by the model itself for ours, LabelSmoother for Marian)
                 "train": training_step(
