@@ -24,10 +24,12 @@ from vanilla_transformer import VanillaTransformerForConditionalGeneration
 from vanilla_transformer.batching import (
     TokenBatchingSeq2SeqTrainer,
     TokenBatchSampler,
+    length_chunks,
     pack_by_tokens,
     padding_efficiency,
     sentence_batches,
     sequence_lengths,
+    split_padded_batch,
 )
 
 WORDS = [f"w{i}" for i in range(24)]
@@ -368,3 +370,67 @@ def _distributed_worker(output_dir: str) -> None:
 
 if __name__ == "__main__":
     _distributed_worker(sys.argv[1])
+
+
+def test_length_chunks_split_only_where_padding_costs_more_than_a_pass():
+    assert length_chunks([10] * 32, [12] * 32) == [list(range(32))]  # equal lengths: nothing to gain
+    assert length_chunks([5, 30], [5, 30]) == [[0, 1]]  # two sentences: one more pass costs more than the padding
+    rng = random.Random(0)
+    sources, targets = [rng.randint(3, 35) for _ in range(32)], [rng.randint(3, 35) for _ in range(32)]
+    chunks = length_chunks(sources, targets)
+    assert len(chunks) > 1 and sorted(i for chunk in chunks for i in chunk) == list(range(32))
+    padded = [len(c) * (max(sources[i] for i in c) + max(targets[i] for i in c)) for c in chunks]
+    assert sum(padded) + 64 * len(chunks) < 32 * (max(sources) + max(targets)) + 64
+    longest = [max(sources[i] + targets[i] for i in chunk) for chunk in chunks]
+    assert longest == sorted(longest)  # chunks of similar lengths, shortest first
+
+
+def test_split_padded_batch_keeps_every_row_and_cuts_only_padding():
+    tokenizer = word_tokenizer(WORDS)
+    pairs = tokenized_pairs(tokenizer, 32)
+    batch = DataCollatorForSeq2Seq(tokenizer, model=model_for(tokenizer), label_pad_token_id=-100)(pairs)
+    chunks = split_padded_batch(dict(batch))
+    assert len(chunks) > 1 and set(chunks[0]) == set(batch)
+    rows = []
+    for chunk in chunks:
+        for row in range(len(chunk["labels"])):
+            source = chunk["input_ids"][row][chunk["attention_mask"][row] == 1].tolist()
+            original = next(
+                i for i in range(32) if batch["input_ids"][i][batch["attention_mask"][i] == 1].tolist() == source
+            )
+            rows.append(original)
+            target = chunk["labels"][row]
+            assert torch.equal(target, batch["labels"][original][: len(target)])  # the same positions, cut
+            assert (batch["labels"][original][len(target) :] == -100).all()  # only padding was cut
+            assert torch.equal(chunk["decoder_input_ids"][row], batch["decoder_input_ids"][original][: len(target)])
+        assert chunk["attention_mask"][:, -1].any() and (chunk["labels"][:, -1] != -100).any()  # no padding column left
+    assert sorted(rows) == list(range(32))
+    assert split_padded_batch({**batch, "extra": batch["labels"]}) == [{**batch, "extra": batch["labels"]}]
+    collator = DataCollatorForSeq2Seq(tokenizer, label_pad_token_id=-100, pad_to_multiple_of=8)  # as with --bf16
+    split = split_padded_batch(dict(collator(pairs)), pad_to_multiple_of=8)
+    assert len(split) > 1 and all(chunk[key].shape[1] % 8 == 0 for chunk in split for key in chunk)
+
+
+def test_trainer_step_in_chunks_gives_the_gradient_of_the_whole_batch(tmp_path, one_thread):
+    """A batch of mixed lengths runs as several forward and backward passes (fewer padded positions), and the
+    accumulated gradient and loss equal those of the whole batch in one pass (Seq2SeqTrainer's step)."""
+    from transformers import Seq2SeqTrainer
+
+    tokenizer = word_tokenizer(WORDS)
+    batch = DataCollatorForSeq2Seq(tokenizer, label_pad_token_id=-100)(tokenized_pairs(tokenizer, 32))
+    batch["decoder_input_ids"] = model_for(tokenizer).prepare_decoder_input_ids_from_labels(batch["labels"])
+    num_items = (batch["labels"] != -100).sum()
+    results = []
+    for trainer_class in (Seq2SeqTrainer, TokenBatchingSeq2SeqTrainer):
+        model = tiny_model(vocab_size=len(tokenizer), dropout=0.0)
+        model.load_state_dict(model_for(tokenizer).state_dict())
+        trainer = trainer_class(model=model, args=training_args(tmp_path))
+        calls = []
+        model.register_forward_pre_hook(lambda module, args, calls=calls: calls.append(1))
+        loss = trainer.training_step(model, dict(batch), num_items_in_batch=num_items)
+        results.append((loss, [p.grad for p in model.parameters()], len(calls)))
+    (whole_loss, whole_grads, whole_calls), (loss, grads, calls) = results
+    assert whole_calls == 1 and calls > 1
+    torch.testing.assert_close(loss, whole_loss, rtol=1e-5, atol=1e-7)
+    for a, b in zip(grads, whole_grads):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)

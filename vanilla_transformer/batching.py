@@ -20,6 +20,7 @@ fewer than ``num_replicas`` of them, with a warning.
 
 from __future__ import annotations
 
+import contextlib
 import heapq
 import math
 import random
@@ -30,6 +31,7 @@ from functools import partial
 import datasets
 import pyarrow.compute
 import torch
+from accelerate.utils import DistributedType
 from torch.utils.data import DataLoader, Sampler
 from transformers import Seq2SeqTrainer
 from transformers.trainer_utils import has_length, seed_worker
@@ -256,6 +258,63 @@ def sequence_lengths(dataset) -> tuple[list[int], list[int] | None]:
     return source, target
 
 
+# The fixed cost of one more forward and backward pass, counted in padded tokens (see length_chunks)
+CHUNK_OVERHEAD_TOKENS = 64
+SOURCE_KEYS, TARGET_KEYS = ("input_ids", "attention_mask"), ("labels", "decoder_input_ids", "decoder_attention_mask")
+
+
+def length_chunks(
+    source_lengths: Sequence[int], target_lengths: Sequence[int], overhead: int = CHUNK_OVERHEAD_TOKENS
+) -> list[list[int]]:
+    """Split one batch into chunks of sentences of similar length, each to be padded to its own longest sentence only.
+
+    A batch of randomly drawn sentences is padded to its longest, so that most of its positions can be padding. The
+    batch sorted by length is cut into k equal chunks, for k = 1, 2, 4 or 8, whichever makes the fewest padded tokens
+    (sentences × (longest source + longest target), summed over chunks) plus ``overhead`` tokens per chunk. Returns the
+    rows of each chunk; one chunk holding every row in order when splitting does not pay.
+    """
+    rows = len(source_lengths)
+    order = sorted(range(rows), key=lambda i: (source_lengths[i] + target_lengths[i], i))
+
+    def cost(chunks: list[list[int]]) -> int:
+        longest = (max(source_lengths[i] for i in c) + max(target_lengths[i] for i in c) for c in chunks)
+        return sum(len(c) * length + overhead for c, length in zip(chunks, longest))
+
+    best = [list(range(rows))]
+    for k in (2, 4, 8):
+        chunks = [order[c * rows // k : (c + 1) * rows // k] for c in range(k)]
+        if k <= rows and cost(chunks) < cost(best):
+            best = chunks
+    return best
+
+
+def _last_position(mask: torch.Tensor) -> torch.Tensor:
+    """Per row, 1 + the index of the last True (0 for a row without any): the length once trailing padding is cut."""
+    return torch.where(mask.any(1), mask.shape[1] - mask.flip(1).int().argmax(1), 0)
+
+
+def split_padded_batch(inputs: dict, pad_to_multiple_of: int | None = None) -> list[dict]:
+    """``inputs`` as ``length_chunks`` splits it: each chunk its rows, cut after the last column that is not padding
+    in any of them (source side: ``attention_mask``; target side: labels ≠ -100), so that positions are unchanged.
+    Batches with other keys, or without ``attention_mask`` and ``labels``, are returned whole."""
+    if set(inputs) - {*SOURCE_KEYS, *TARGET_KEYS} or not {"attention_mask", "labels"} <= set(inputs):
+        return [inputs]
+    source_lengths = _last_position(inputs["attention_mask"] != 0).tolist()
+    target_lengths = _last_position(inputs["labels"] != -100).tolist()
+    chunks = length_chunks(source_lengths, target_lengths)
+    if len(chunks) == 1:
+        return [inputs]
+    split = []
+    for rows in chunks:
+        index = torch.tensor(rows, device=inputs["labels"].device)
+        source_width = _round_up(max(1, *(source_lengths[i] for i in rows)), pad_to_multiple_of)
+        target_width = _round_up(max(1, *(target_lengths[i] for i in rows)), pad_to_multiple_of)
+        split.append(
+            {key: value[index, : source_width if key in SOURCE_KEYS else target_width] for key, value in inputs.items()}
+        )
+    return split
+
+
 def _check_max_tokens(value):
     if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value <= 0):
         raise ValueError(f"max_tokens_per_batch={value!r} is invalid; it must be a positive integer or None.")
@@ -274,6 +333,10 @@ class TokenBatchingSeq2SeqTrainer(Seq2SeqTrainer):
 
     The loss of an optimizer step is the mean over all its target tokens (Trainer passes ``num_items_in_batch``,
     summed over the micro-batches and processes), so batches of different sizes weigh by their tokens.
+
+    A training batch whose sentences differ much in length (sentence batches drawn at random) is computed in chunks
+    of similar length (``split_padded_batch``), forward and backward each, before the one optimizer step: the same
+    batch and, with ``num_items_in_batch``, the same gradient, for fewer padded positions.
     """
 
     def __init__(self, *args, max_tokens_per_batch: int | None = None, **kwargs):
@@ -293,6 +356,19 @@ class TokenBatchingSeq2SeqTrainer(Seq2SeqTrainer):
             if scheduler is not None:
                 self.lr_scheduler, self._created_lr_scheduler = scheduler, True
         return super().create_scheduler(num_training_steps, optimizer)
+
+    def training_step(self, model, inputs, num_items_in_batch=None) -> torch.Tensor:
+        # Each chunk's loss is its share of the batch's: its summed loss over the batch's num_items_in_batch. Without
+        # that count (or with DeepSpeed, whose backward also steps) the batch runs whole.
+        chunks = [inputs]
+        if num_items_in_batch is not None and self.accelerator.distributed_type != DistributedType.DEEPSPEED:
+            chunks = split_padded_batch(inputs, getattr(self.data_collator, "pad_to_multiple_of", None))
+        loss = 0.0
+        for index, chunk in enumerate(chunks):
+            last = index == len(chunks) - 1  # gradients are synchronised across processes once, after the last chunk
+            with contextlib.nullcontext() if last else self.accelerator.no_sync(model):
+                loss = loss + super().training_step(model, chunk, num_items_in_batch)
+        return loss
 
     def get_train_dataloader(self) -> DataLoader:
         if self.max_tokens_per_batch is None:
@@ -361,9 +437,11 @@ class TokenBatchingSeq2SeqTrainer(Seq2SeqTrainer):
 __all__ = [
     "TokenBatchSampler",
     "TokenBatchingSeq2SeqTrainer",
+    "length_chunks",
     "pack_by_tokens",
     "padding_efficiency",
     "sentence_batches",
     "sequence_lengths",
+    "split_padded_batch",
     "split_to_multiple",
 ]
