@@ -6,8 +6,12 @@ Both train on the same corpus, with the same joint tokenizer (trained once here)
 learning rate and label smoothing 0.1, with ReLU, one thread, no evaluation and no checkpoints. Our side is the
 command a user runs; the Marian side is what `run_translation.py` does in training (AutoModelForSeq2SeqLM built from a
 config, `DataCollatorForSeq2Seq`, `Seq2SeqTrainer` with `label_smoothing_factor`, so Trainer's `LabelSmoother`), run
-in this file's own child process. Reported: `train_samples_per_second` as Trainer computes it, the median of the
-per-pair ratios, and each process's peak resident memory (from `wait4`).
+in this file's own child process. With `--run_translation PATH` (transformers' own
+examples/pytorch/translation/run_translation.py, in the version of the installed transformers) the Marian side is that
+script, unmodified: it fine-tunes a randomly initialised MarianMTModel saved here with the tokenizer, from a working
+directory that holds the project's offline `sacrebleu` metric module (the script loads it by name). Reported:
+`train_samples_per_second` as Trainer computes it, the median of the per-pair ratios, and each process's peak resident
+memory (from `wait4`).
 
     python benchmarks/build_mo_corpus.py --output_dir data/en-fr
     python benchmarks/end_to_end.py --data_dir data/en-fr --size small --max_steps 100 --pairs 2
@@ -18,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -44,35 +49,25 @@ def parse_arguments(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--batch_size", type=int, default=32)
     parser.add_argument("--learning_rate", type=float, default=5e-4)
     parser.add_argument("--pairs", type=int, default=2, help="Marian/ours runs, interleaved")
+    parser.add_argument("--run_translation", help="transformers' run_translation.py: run it for the Marian side")
     parser.add_argument("--seed", type=int, default=42)
     parser.add_argument("--child", choices=("marian",), help=argparse.SUPPRESS)
     parser.add_argument("--run_dir", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.run_translation and not os.path.isfile(args.run_translation):
+        parser.error(f"--run_translation {args.run_translation!r} is not a file")
     for name in ("max_steps", "batch_size", "pairs", "vocab_size"):
         if getattr(args, name) < 1:
             parser.error(f"--{name} must be a positive integer")
     return args
 
 
-def train_marian(args: argparse.Namespace) -> None:
-    """The child process: MarianMTModel trained as run_translation.py trains it; writes all_results.json."""
-    import torch
-    from datasets import load_dataset
-    from transformers import (
-        AutoModelForSeq2SeqLM,
-        AutoTokenizer,
-        DataCollatorForSeq2Seq,
-        MarianConfig,
-        Seq2SeqTrainer,
-        Seq2SeqTrainingArguments,
-        set_seed,
-    )
+def marian_config(args: argparse.Namespace, tokenizer):
+    """The Marian side's model: the size asked for, ReLU, dropout 0.1, the tokenizer's vocabulary and special ids."""
+    from transformers import MarianConfig
 
-    torch.set_num_threads(1)
-    set_seed(args.seed)
-    tokenizer = AutoTokenizer.from_pretrained(os.path.join(args.output_dir, "tokenizer"))
     vocab = len(tokenizer)
-    config = MarianConfig(
+    return MarianConfig(
         vocab_size=vocab,
         decoder_vocab_size=vocab,
         **SIZES[args.size].layout(),
@@ -84,7 +79,25 @@ def train_marian(args: argparse.Namespace) -> None:
         eos_token_id=tokenizer.eos_token_id,
         decoder_start_token_id=tokenizer.pad_token_id,
     )
-    model = AutoModelForSeq2SeqLM.from_config(config)
+
+
+def train_marian(args: argparse.Namespace) -> None:
+    """The child process: MarianMTModel trained as run_translation.py trains it; writes all_results.json."""
+    import torch
+    from datasets import load_dataset
+    from transformers import (
+        AutoModelForSeq2SeqLM,
+        AutoTokenizer,
+        DataCollatorForSeq2Seq,
+        Seq2SeqTrainer,
+        Seq2SeqTrainingArguments,
+        set_seed,
+    )
+
+    torch.set_num_threads(1)
+    set_seed(args.seed)
+    tokenizer = AutoTokenizer.from_pretrained(os.path.join(args.output_dir, "tokenizer"))
+    model = AutoModelForSeq2SeqLM.from_config(marian_config(args, tokenizer))
     src, tgt = args.source_lang, args.target_lang
 
     def tokenize(batch):
@@ -122,16 +135,51 @@ def ours_command(args: argparse.Namespace, run_dir: str) -> list[str]:
     ]  # fmt: skip
 
 
-def run(command: list[str], run_dir: str) -> dict:
-    """Run one training process; its samples/s (Trainer's metric) and peak resident memory."""
-    env = dict(os.environ, OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false")
+def prepare_run_translation(args: argparse.Namespace) -> str:
+    """For the official script: a randomly initialised MarianMTModel and the tokenizer saved in one folder (the
+    script fine-tunes ``--model_name_or_path``), a JSON-lines training file named ``.json`` (the extension it
+    accepts), and a working directory holding the offline sacrebleu module. Returns the working directory."""
+    import torch
+    from transformers import AutoTokenizer, MarianMTModel
+
+    tokenizer = AutoTokenizer.from_pretrained(os.path.join(args.output_dir, "tokenizer"))
+    torch.manual_seed(args.seed)
+    marian = os.path.join(args.output_dir, "marian-init")
+    MarianMTModel(marian_config(args, tokenizer)).save_pretrained(marian)
+    tokenizer.save_pretrained(marian)
+    shutil.copy(os.path.join(args.data_dir, "train.jsonl"), os.path.join(args.output_dir, "train.json"))
+    workdir = os.path.join(args.output_dir, "run_translation_workdir")
+    metric = os.path.join(ROOT, "vanilla_transformer", "metrics", "sacrebleu")
+    shutil.copytree(metric, os.path.join(workdir, "sacrebleu"), dirs_exist_ok=True)
+    return workdir
+
+
+def run_translation_command(args: argparse.Namespace, run_dir: str) -> list[str]:
+    """transformers' run_translation.py, unmodified, with the settings of ours_command."""
+    output_dir = os.path.abspath(args.output_dir)
+    return [
+        sys.executable, os.path.abspath(args.run_translation),
+        "--model_name_or_path", os.path.join(output_dir, "marian-init"), "--do_train",
+        "--train_file", os.path.join(output_dir, "train.json"), "--source_lang", args.source_lang,
+        "--target_lang", args.target_lang, "--max_source_length", str(MAX_LENGTH), "--max_target_length",
+        str(MAX_LENGTH), "--output_dir", os.path.join(os.path.abspath(run_dir), "output"), "--max_steps",
+        str(args.max_steps), "--per_device_train_batch_size", str(args.batch_size), "--learning_rate",
+        str(args.learning_rate), "--label_smoothing_factor", "0.1", "--save_strategy", "no", "--seed", str(args.seed),
+        "--use_cpu", "--report_to", "none", "--disable_tqdm", "true", "--logging_steps", str(args.max_steps),
+    ]  # fmt: skip
+
+
+def run(command: list[str], run_dir: str, results_dir: str | None = None, cwd: str | None = None) -> dict:
+    """Run one training process (from ``cwd``); its samples/s (Trainer's metric, from ``results_dir``, by default
+    ``run_dir``) and peak resident memory."""
+    env = dict(os.environ, OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false", HF_HUB_OFFLINE="1")
     start = time.perf_counter()
     with open(os.path.join(run_dir, "log.txt"), "w") as log:
-        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env)
+        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=cwd)
         _, status, usage = os.wait4(process.pid, 0)
     if os.waitstatus_to_exitcode(status) != 0:
         raise RuntimeError(f"{' '.join(command[:3])} ... failed; see {run_dir}/log.txt")
-    with open(os.path.join(run_dir, "all_results.json")) as f:
+    with open(os.path.join(results_dir or run_dir, "all_results.json")) as f:
         metrics = json.load(f)
     return {
         "train_samples_per_second": metrics["train_samples_per_second"],
@@ -155,6 +203,7 @@ def main(argv: list[str] | None = None) -> dict:
         pairs = [json.loads(line)["translation"] for line in f]
     texts = (text for pair in pairs for text in (pair[args.source_lang], pair[args.target_lang]))
     train_tokenizer(texts, vocab_size=args.vocab_size).save_pretrained(os.path.join(args.output_dir, "tokenizer"))
+    workdir = prepare_run_translation(args) if args.run_translation else None
 
     runs = {"marian": [], "vanilla": []}
     for index in range(args.pairs):
@@ -162,11 +211,13 @@ def main(argv: list[str] | None = None) -> dict:
             run_dir = os.path.join(args.output_dir, f"{name}-{index}")
             os.makedirs(run_dir, exist_ok=True)
             if name == "vanilla":
-                command = ours_command(args, run_dir)
+                runs[name].append(run(ours_command(args, run_dir), run_dir))
+            elif args.run_translation:
+                command = run_translation_command(args, run_dir)
+                runs[name].append(run(command, run_dir, os.path.join(run_dir, "output"), cwd=workdir))
             else:
                 command = [sys.executable, os.path.abspath(__file__), *(argv or sys.argv[1:]), "--child", "marian"]
-                command += ["--run_dir", run_dir]
-            runs[name].append(run(command, run_dir))
+                runs[name].append(run(command + ["--run_dir", run_dir], run_dir))
             print(f"{name} run {index + 1}/{args.pairs}: {runs[name][-1]}", flush=True)
     speed = {name: [r["train_samples_per_second"] for r in rs] for name, rs in runs.items()}
     memory = {name: [r["peak_rss_mib"] for r in rs] for name, rs in runs.items()}
@@ -174,6 +225,7 @@ def main(argv: list[str] | None = None) -> dict:
         "size": args.size,
         "max_steps": args.max_steps,
         "batch_size": args.batch_size,
+        "marian_side": args.run_translation or "this file's Seq2SeqTrainer run",
         "samples_per_second": {name: statistics.median(values) for name, values in speed.items()},
         "speed_ratio": statistics.median(v / m for v, m in zip(speed["vanilla"], speed["marian"])),
         "peak_rss_mib": {name: statistics.median(values) for name, values in memory.items()},

@@ -133,3 +133,56 @@ def test_end_to_end_driver_gives_train_py_the_marian_side_settings(tmp_path):
     assert "d_model=256" in model_args.config_overrides and model_args.tokenizer_name.endswith("tokenizer")
     with pytest.raises(SystemExit):
         end_to_end.parse_arguments(["--data_dir", str(tmp_path), "--pairs", "0"])
+
+
+RUN_TRANSLATION_STUB = """
+import json, os, sys
+from transformers import HfArgumentParser, Seq2SeqTrainingArguments
+
+# what the real script needs from its working directory: evaluate.load("sacrebleu") finds the module here, offline
+assert os.path.isfile(os.path.join("sacrebleu", "sacrebleu.py")), os.getcwd()
+(training_args, rest) = HfArgumentParser(Seq2SeqTrainingArguments).parse_args_into_dataclasses(
+    sys.argv[1:], return_remaining_strings=True
+)
+os.makedirs(training_args.output_dir)
+results = {"train_samples_per_second": 12.5, "train_runtime": 3.0, "rest": rest, "steps": training_args.max_steps}
+with open(os.path.join(training_args.output_dir, "all_results.json"), "w") as f:
+    json.dump(results, f)
+"""
+
+
+def test_end_to_end_driver_runs_the_official_script_from_a_folder_with_the_metric(tmp_path):
+    """With --run_translation, the Marian side is that script, unmodified: given a saved random Marian and the
+    tokenizer, a .json training file, Trainer flags that transformers parses, and the sacrebleu module beside it.
+    (A stand-in script here: transformers 5's run_translation.py is not available offline.)"""
+    from transformers import AutoTokenizer, MarianMTModel
+
+    from vanilla_transformer.tokenizer import train_tokenizer
+
+    end_to_end = load_script("end_to_end", folder="benchmarks")
+    data, out = tmp_path / "data", tmp_path / "out"
+    data.mkdir()
+    pairs = [{"translation": {"en": f"number {i}", "fr": f"nombre {i}"}} for i in range(40)]
+    (data / "train.jsonl").write_text("".join(json.dumps(pair) + "\n" for pair in pairs))
+    stub = tmp_path / "run_translation.py"
+    stub.write_text(RUN_TRANSLATION_STUB)
+    argv = ["--data_dir", str(data), "--output_dir", str(out), "--size", "tiny", "--max_steps", "7"]
+    args = end_to_end.parse_arguments([*argv, "--run_translation", str(stub)])
+    texts = [text for pair in pairs for text in pair["translation"].values()]
+    train_tokenizer(texts, vocab_size=300).save_pretrained(out / "tokenizer")
+    workdir = end_to_end.prepare_run_translation(args)
+    run_dir = out / "marian-0"
+    run_dir.mkdir()
+    result = end_to_end.run(
+        end_to_end.run_translation_command(args, str(run_dir)), str(run_dir), str(run_dir / "output"), cwd=workdir
+    )
+    assert result["train_samples_per_second"] == 12.5 and result["peak_rss_mib"] > 0
+    with open(run_dir / "output" / "all_results.json") as f:
+        written = json.load(f)
+    assert written["steps"] == 7 and written["rest"][:2] == ["--model_name_or_path", str(out / "marian-init")]
+    assert {"--train_file", "--source_lang", "--target_lang", "--max_source_length"} <= set(written["rest"])
+    model = MarianMTModel.from_pretrained(out / "marian-init")
+    assert model.config.vocab_size == len(AutoTokenizer.from_pretrained(out / "marian-init"))
+    assert (out / "train.json").read_text() == (data / "train.jsonl").read_text()
+    with pytest.raises(SystemExit):
+        end_to_end.parse_arguments([*argv, "--run_translation", str(tmp_path / "missing.py")])
