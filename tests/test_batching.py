@@ -434,3 +434,9 @@ def test_trainer_step_in_chunks_gives_the_gradient_of_the_whole_batch(tmp_path, 
     torch.testing.assert_close(loss, whole_loss, rtol=1e-5, atol=1e-7)
     for a, b in zip(grads, whole_grads):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
+    trainer.model_accepts_loss_kwargs = False  # a model that averages its loss itself: chunk means would not add up
+    trainer.current_gradient_accumulation_steps = 1  # set by the training loop, read when the loss is a mean
+    counted = []
+    model.register_forward_pre_hook(lambda module, args: counted.append(1))
+    trainer.training_step(model, dict(batch), num_items_in_batch=num_items)
+    assert counted == [1]

@@ -358,11 +358,14 @@ class TokenBatchingSeq2SeqTrainer(Seq2SeqTrainer):
         return super().create_scheduler(num_training_steps, optimizer)
 
     def training_step(self, model, inputs, num_items_in_batch=None) -> torch.Tensor:
-        # Each chunk's loss is its share of the batch's: its summed loss over the batch's num_items_in_batch. Without
-        # that count (or with DeepSpeed, whose backward also steps) the batch runs whole.
+        # Each chunk's loss must be its share of the batch's: its summed loss over the batch's num_items_in_batch, as
+        # the model (taking num_items_in_batch) or LabelSmoother computes it. Otherwise (a model that averages by
+        # itself, a custom loss function, DeepSpeed, whose backward also steps) the batch runs whole.
+        summed = self.model_accepts_loss_kwargs or self.label_smoother is not None
         chunks = [inputs]
-        if num_items_in_batch is not None and self.accelerator.distributed_type != DistributedType.DEEPSPEED:
-            chunks = split_padded_batch(inputs, getattr(self.data_collator, "pad_to_multiple_of", None))
+        if num_items_in_batch is not None and summed and self.compute_loss_func is None:
+            if self.accelerator.distributed_type != DistributedType.DEEPSPEED:
+                chunks = split_padded_batch(inputs, getattr(self.data_collator, "pad_to_multiple_of", None))
         loss = 0.0
         for index, chunk in enumerate(chunks):
             last = index == len(chunks) - 1  # gradients are synchronised across processes once, after the last chunk
