@@ -1,4 +1,5 @@
-"""The training loss: token cross-entropy with label smoothing (§5.4), in one memory-lean pass over the logits.
+"""The training loss: token cross-entropy with label smoothing (§5.4), in one memory-lean pass over the logits, or
+without making the logits at all (the project's trainer asks for that in training steps).
 
 Copied into every checkpoint beside the modeling file, so it imports only torch.
 """
