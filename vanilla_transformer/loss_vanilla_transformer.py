@@ -10,6 +10,13 @@ _BLOCKS = 16  # row blocks: 2048 positions × 32000 logits -> 16 MiB per block, 
 _ROWS = 512  # positions per block of LinearCrossEntropy: the fastest base step of 256, 512 and 1024 (small: equal)
 
 
+def _smoothed_target_logit(logits: torch.Tensor, targets: torch.Tensor, eps: float) -> torch.Tensor:
+    """(1-ε) logit_label + ε mean_v logit_v per row: since -log p(v) = log Σ exp(logits) - logit_v, the smoothed loss of
+    a position is its log-normaliser minus this."""
+    value = (1.0 - eps) * logits.gather(1, targets[:, None]).squeeze(1)
+    return value + eps * logits.mean(dim=-1) if eps else value
+
+
 def _smoothed_gradient_(
     exp: torch.Tensor,
     targets: torch.Tensor,
@@ -43,18 +50,13 @@ class TokenCrossEntropy(torch.autograd.Function):
         labelled = labels != -100
         targets = labels.masked_fill(~labelled, 0)
         sum_dtype = torch.promote_types(logits.dtype, torch.float32)
-        log_normaliser, mean_logit = [], []
-        for block in logits.tensor_split(_BLOCKS):
+        log_normaliser, smoothed = [], []
+        for block, target in zip(logits.tensor_split(_BLOCKS), targets.tensor_split(_BLOCKS)):
             block = block.to(sum_dtype)
             log_normaliser.append(torch.logsumexp(block, dim=-1))
-            if label_smoothing:
-                mean_logit.append(block.mean(dim=-1))
+            smoothed.append(_smoothed_target_logit(block, target, label_smoothing))
         log_normaliser = torch.cat(log_normaliser)  # (positions,)
-        target_logit = logits.gather(1, targets[:, None]).squeeze(1).to(sum_dtype)
-        # -log p(v) = log_normaliser - logit_v, so the smoothed loss is log_normaliser - (1-ε) logit_label - ε mean
-        loss = log_normaliser - (1.0 - label_smoothing) * target_logit
-        if label_smoothing:
-            loss = loss - label_smoothing * torch.cat(mean_logit)
+        loss = log_normaliser - torch.cat(smoothed)
         ctx.save_for_backward(logits, log_normaliser, targets, labelled)
         ctx.label_smoothing = label_smoothing
         return (loss * labelled).sum()
@@ -113,14 +115,12 @@ class LinearCrossEntropy(torch.autograd.Function):
                 block = hidden[rows]
                 logits = torch.mm(block, matrix.T, out=buffer[: len(block)]).to(sum_dtype)
                 target, scale = targets[rows], labelled[rows].to(sum_dtype)  # scale: 0 where the label is -100
-                # -log p(v) = log Σ exp(logits) - logit_v, and log Σ exp = max + log Σ exp(logits - max)
-                loss = -(1.0 - label_smoothing) * logits.gather(1, target[:, None]).squeeze(1)
-                if label_smoothing:
-                    loss -= label_smoothing * logits.mean(dim=-1)
+                smoothed = _smoothed_target_logit(logits, target, label_smoothing)  # before the block is overwritten
                 max_logit = logits.amax(dim=-1, keepdim=True)
                 exp = logits.sub_(max_logit).exp_()  # in place: the block becomes exp(logits - max)
                 sum_exp = exp.sum(dim=-1)
-                total += ((loss + max_logit.squeeze(1) + sum_exp.log()) * scale).sum()
+                # the log-normaliser log Σ exp(logits) = max + log Σ exp(logits - max)
+                total += ((max_logit.squeeze(1) + sum_exp.log() - smoothed) * scale).sum()
                 if not need_grad:
                     continue
                 _smoothed_gradient_(exp, target, label_smoothing, scale, normaliser=sum_exp)

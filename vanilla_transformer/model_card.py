@@ -134,6 +134,7 @@ def write_model_card(
         eval_results=results or None,
     )
     pair = f" from {source_lang} to {target_lang}" if source_lang and target_lang else ""
+    example = EXAMPLES.get(source_lang or "", "A sentence to translate.")
     sections = [
         f"---\n{card_data.to_yaml()}\n---",
         f"# {model_name}",
@@ -144,8 +145,8 @@ def write_model_card(
         _recipe(recipe),
         _evaluation(metrics),
         _decoding(generation),
-        _usage(repo_id, EXAMPLES.get(source_lang or "", "A sentence to translate.")),
-        _ctranslate2_usage(repo_id, EXAMPLES.get(source_lang or "", "A sentence to translate."), ctranslate2),
+        _usage(repo_id, example),
+        _ctranslate2_usage(repo_id, example, ctranslate2),
     ]
     with open(readme_path, "w", encoding="utf-8") as f:
         f.write("\n\n".join(section for section in sections if section) + "\n")

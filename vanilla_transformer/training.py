@@ -609,8 +609,6 @@ def translate(
     tokens (§6.1: "maximum output length to input length + 50"). `num_beams` and `length_penalty` default to the
     model's generation config. `progress`: a tqdm bar (default: when there is more than one batch). Empty lines
     translate to empty lines."""
-    if batch_size <= 0:
-        raise ValueError(f"batch_size={batch_size} must be positive.")
     encoded = [tokenizer(s)["input_ids"] if s.strip() else None for s in sentences]
     device = next(model.parameters()).device
 
