@@ -96,19 +96,25 @@ def test_layer_norm_uses_biased_variance_and_starts_at_identity():
     torch.testing.assert_close(norm(x), expected)
 
 
+@pytest.mark.parametrize("p", [0.1, 0.3])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_residual_dropout_zeroes_p_and_scales_the_rest_by_one_over_one_minus_p(dtype):
+def test_residual_dropout_zeroes_p_and_scales_the_rest_to_keep_the_mean(dtype, p):
     torch.manual_seed(0)
-    x = torch.ones(1000, 200, dtype=dtype, requires_grad=True)
-    y = residual_dropout(x, 0.1, training=True)
+    x = torch.ones(999, 199, dtype=dtype, requires_grad=True)  # 198,801 values: the last int64 of bits is partly used
+    y = residual_dropout(x, p, training=True)
     kept = y != 0
-    assert y.dtype == dtype and abs((~kept).float().mean().item() - 0.1) < 0.003
-    assert torch.equal(y[kept], torch.full_like(y[kept], 1 / 0.9))  # 1/(1-p), rounded to the dtype
+    assert y.dtype == dtype and abs((~kept).float().mean().item() - p) < 0.003
+    for lane in range(4):  # each 16-bit lane of the random int64s drops at the same rate
+        assert abs((~kept).flatten()[lane::4].float().mean().item() - p) < 0.006
+    rounded_p = round(p * 2**15) / 2**15  # p on the 2^-15 grid of the random bits
+    assert abs(rounded_p - p) <= 2**-16
+    assert torch.equal(y[kept], torch.full_like(y[kept], 1 / (1 - rounded_p)))  # rounded to the dtype
     y.backward(torch.ones_like(y))
     assert torch.equal(x.grad, y.detach())  # d y / d x: the same mask and scale
-    assert residual_dropout(x, 0.1, training=False) is x and residual_dropout(x, 0.0, training=True) is x
-    other = residual_dropout(x, 0.1, training=True)
+    assert residual_dropout(x, p, training=False) is x and residual_dropout(x, 0.0, training=True) is x
+    other = residual_dropout(x, p, training=True)
     assert not torch.equal(other != 0, kept)  # a new mask on every call
+    assert torch.equal(residual_dropout(x, 1.0, training=True), torch.zeros_like(x))
 
 
 @pytest.mark.parametrize("scheme", ["normal", "xavier"])
