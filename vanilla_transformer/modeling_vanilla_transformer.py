@@ -87,8 +87,9 @@ def residual_dropout(hidden_states: torch.Tensor, p: float, training: bool) -> t
     threshold = round(p * 32768)
     if not training or threshold in (0, 32768) or hidden_states.device.type != "cpu":
         return F.dropout(hidden_states, p=p, training=training)
-    words = torch.empty((hidden_states.numel() + 3) // 4, dtype=torch.int64, device="cpu").random_()
-    lanes = words.view(torch.int16)[: hidden_states.numel()].view(hidden_states.shape).bitwise_and_(0x7FFF)
+    n = hidden_states.numel()
+    words = torch.empty((n + 3) // 4, dtype=torch.int64, device="cpu").random_()
+    lanes = words.view(torch.int16)[:n].view(hidden_states.shape).bitwise_and_(0x7FFF)
     keep = lanes.ge_(threshold)  # 1 with probability 1 - threshold / 2^15, else 0
     return hidden_states * keep.to(hidden_states.dtype).mul_(32768 / (32768 - threshold))
 
