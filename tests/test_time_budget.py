@@ -64,7 +64,8 @@ def budget_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("budget") / "run"
     argv = ["--output_dir", str(out), "--max_train_minutes", str(BUDGET_MINUTES), *TINY_RUN]
     argv += ["--save_strategy", "steps", "--save_steps", "1000000", "--lr_scheduler_type", "linear"]
-    argv += ["--warmup_steps", "5"]
+    # a log at every step, so that the last logged learning rate is the stopping step's on any machine speed
+    argv += ["--warmup_steps", "5", "--logging_steps", "1"]
     return out, argv, run_train(argv)
 
 
