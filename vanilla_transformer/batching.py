@@ -25,7 +25,7 @@ import heapq
 import math
 import random
 import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from functools import partial
 
 import datasets
@@ -264,27 +264,38 @@ SOURCE_KEYS, TARGET_KEYS = ("input_ids", "attention_mask"), ("labels", "decoder_
 
 
 def length_chunks(
-    source_lengths: Sequence[int], target_lengths: Sequence[int], overhead: int = CHUNK_OVERHEAD_TOKENS
+    source_lengths: Sequence[int],
+    target_lengths: Sequence[int],
+    overhead: int = CHUNK_OVERHEAD_TOKENS,
+    parts: int | None = None,
 ) -> list[list[int]]:
     """Split one batch into chunks of sentences of similar length, each to be padded to its own longest sentence only.
 
     A batch of randomly drawn sentences is padded to its longest, so that most of its positions can be padding. The
     batch sorted by length is cut into k equal chunks, for k = 1, 2, 4 or 8, whichever makes the fewest padded tokens
-    (sentences × (longest source + longest target), summed over chunks) plus ``overhead`` tokens per chunk. Returns the
-    rows of each chunk; one chunk holding every row in order when splitting does not pay.
+    (sentences × (longest source + longest target), summed over chunks) plus ``overhead`` tokens per chunk; or into
+    exactly ``parts`` chunks when given (at most one per sentence). Returns the rows of each chunk; one chunk holding
+    every row in order when splitting does not pay.
     """
     rows = len(source_lengths)
     order = sorted(range(rows), key=lambda i: (source_lengths[i] + target_lengths[i], i))
+
+    def split(k: int) -> list[list[int]]:
+        return [order[c * rows // k : (c + 1) * rows // k] for c in range(k)] if k > 1 else [list(range(rows))]
+
+    if parts is not None:
+        if not 1 <= parts <= max(1, rows):
+            raise ValueError(f"parts={parts} must be between 1 and the batch's {rows} rows.")
+        return split(parts)
 
     def cost(chunks: list[list[int]]) -> int:
         longest = (max(source_lengths[i] for i in c) + max(target_lengths[i] for i in c) for c in chunks)
         return sum(len(c) * length + overhead for c, length in zip(chunks, longest))
 
-    best = [list(range(rows))]
+    best = split(1)
     for k in (2, 4, 8):
-        chunks = [order[c * rows // k : (c + 1) * rows // k] for c in range(k)]
-        if k <= rows and cost(chunks) < cost(best):
-            best = chunks
+        if k <= rows and cost(split(k)) < cost(best):
+            best = split(k)
     return best
 
 
@@ -293,15 +304,24 @@ def _last_position(mask: torch.Tensor) -> torch.Tensor:
     return torch.where(mask.any(1), mask.shape[1] - mask.flip(1).int().argmax(1), 0)
 
 
-def split_padded_batch(inputs: dict, pad_to_multiple_of: int | None = None) -> list[dict]:
+def split_padded_batch(
+    inputs: dict, pad_to_multiple_of: int | None = None, agree: Callable[[int], int] | None = None
+) -> list[dict]:
     """``inputs`` as ``length_chunks`` splits it: each chunk its rows, cut after the last column that is not padding
     in any of them (source side: ``attention_mask``; target side: labels ≠ -100), so that positions are unchanged.
-    Batches with other keys, or without ``attention_mask`` and ``labels``, are returned whole."""
+    Batches with other keys, or without ``attention_mask`` and ``labels``, are returned whole.
+
+    ``agree`` turns this process's best number of chunks into the number every process uses (several processes must
+    run the same number of forward and backward passes: FSDP gathers and scatters weights in each of them)."""
     if set(inputs) - {*SOURCE_KEYS, *TARGET_KEYS} or not {"attention_mask", "labels"} <= set(inputs):
+        if agree is not None:
+            agree(1)  # every process takes part in each agreement, whatever its batch
         return [inputs]
     source_lengths = _last_position(inputs["attention_mask"] != 0).tolist()
     target_lengths = _last_position(inputs["labels"] != -100).tolist()
     chunks = length_chunks(source_lengths, target_lengths)
+    if agree is not None:
+        chunks = length_chunks(source_lengths, target_lengths, parts=agree(len(chunks)))
     if len(chunks) == 1:
         return [inputs]
     split = []
@@ -313,6 +333,18 @@ def split_padded_batch(inputs: dict, pad_to_multiple_of: int | None = None) -> l
             {key: value[index, : source_width if key in SOURCE_KEYS else target_width] for key, value in inputs.items()}
         )
     return split
+
+
+def fewest_chunks_of_all_processes(accelerator) -> Callable[[int], int]:
+    """``split_padded_batch``'s ``agree`` for several processes: the smallest of their chunk counts (every process
+    can always run fewer, never more chunks than its batch has rows), by one all-reduce of one integer."""
+
+    def agree(count: int) -> int:
+        value = torch.tensor([count], device=accelerator.device)
+        torch.distributed.all_reduce(value, op=torch.distributed.ReduceOp.MIN)
+        return int(value.item())
+
+    return agree
 
 
 def _check_max_tokens(value):
@@ -336,16 +368,26 @@ class TokenBatchingSeq2SeqTrainer(Seq2SeqTrainer):
 
     A training batch whose sentences differ much in length (sentence batches drawn at random) is computed in chunks
     of similar length (``split_padded_batch``), forward and backward each, before the one optimizer step: the same
-    batch and, with ``num_items_in_batch``, the same gradient, for fewer padded positions.
+    batch and, with ``num_items_in_batch``, the same gradient, for fewer padded positions. ``length_chunks``: True or
+    False; None (default: ``args.length_chunks`` where the training arguments have it, else automatic) chunks on CPU
+    only, where it was measured to pay (docs/training.md). Several processes agree on each batch's number of chunks
+    (the fewest any of them chose), so that they run the same number of passes.
     """
 
-    def __init__(self, *args, max_tokens_per_batch: int | None = None, **kwargs):
+    def __init__(
+        self, *args, max_tokens_per_batch: int | None = None, length_chunks: bool | None = None, **kwargs
+    ) -> None:
         _check_max_tokens(max_tokens_per_batch)
         super().__init__(*args, **kwargs)
         if max_tokens_per_batch is None:
             # a training-arguments dataclass may carry the flag (train.py's --max_tokens_per_batch)
             max_tokens_per_batch = _check_max_tokens(getattr(self.args, "max_tokens_per_batch", None))
         self.max_tokens_per_batch = max_tokens_per_batch
+        if length_chunks is None:
+            length_chunks = getattr(self.args, "length_chunks", None)
+        if length_chunks is None:
+            length_chunks = self.args.device.type == "cpu"
+        self.length_chunks = bool(length_chunks)
 
     def create_scheduler(self, num_training_steps: int, optimizer: torch.optim.Optimizer | None = None):
         """Trainer's schedule, unless a TimeBudgetCallback (train.py's --max_train_minutes) makes one that decays
@@ -358,20 +400,35 @@ class TokenBatchingSeq2SeqTrainer(Seq2SeqTrainer):
         return super().create_scheduler(num_training_steps, optimizer)
 
     def training_step(self, model, inputs, num_items_in_batch=None) -> torch.Tensor:
-        # Each chunk's loss must be its share of the batch's: its summed loss over the batch's num_items_in_batch, as
-        # the model (taking num_items_in_batch) or LabelSmoother computes it. Otherwise (a model that averages by
-        # itself, a custom loss function, DeepSpeed, whose backward also steps) the batch runs whole.
-        summed = self.model_accepts_loss_kwargs or self.label_smoother is not None
         chunks = [inputs]
-        if num_items_in_batch is not None and summed and self.compute_loss_func is None:
-            if self.accelerator.distributed_type != DistributedType.DEEPSPEED:
-                chunks = split_padded_batch(inputs, getattr(self.data_collator, "pad_to_multiple_of", None))
+        if self.chunks_keep_the_gradient(num_items_in_batch):
+            several = self.accelerator.num_processes > 1
+            agree = fewest_chunks_of_all_processes(self.accelerator) if several else None
+            chunks = split_padded_batch(inputs, getattr(self.data_collator, "pad_to_multiple_of", None), agree)
+        # Gradients are synchronised across processes once, after the last chunk of the micro-batch that ends the
+        # optimizer step; the Trainer already holds them back during the earlier micro-batches (no_sync), and a
+        # nested no_sync would turn FSDP2's synchronisation back on when it ends.
+        hold_back = self.accelerator.sync_gradients and len(chunks) > 1
         loss = 0.0
         for index, chunk in enumerate(chunks):
-            last = index == len(chunks) - 1  # gradients are synchronised across processes once, after the last chunk
-            with contextlib.nullcontext() if last else self.accelerator.no_sync(model):
+            last = index == len(chunks) - 1
+            with self.accelerator.no_sync(model) if hold_back and not last else contextlib.nullcontext():
                 loss = loss + super().training_step(model, chunk, num_items_in_batch)
         return loss
+
+    def chunks_keep_the_gradient(self, num_items_in_batch) -> bool:
+        """Whether this step may run in length chunks: asked for, and each chunk's loss is its share of the batch's,
+        i.e. its summed loss over the batch's ``num_items_in_batch``, as the model (taking ``num_items_in_batch``) or
+        LabelSmoother computes it. Not with a model that averages by itself, a custom loss function, or DeepSpeed
+        (whose backward also steps). The same answer in every process (it depends on settings only)."""
+        summed = self.model_accepts_loss_kwargs or self.label_smoother is not None
+        return (
+            self.length_chunks
+            and num_items_in_batch is not None
+            and summed
+            and self.compute_loss_func is None
+            and self.accelerator.distributed_type != DistributedType.DEEPSPEED
+        )
 
     def get_train_dataloader(self) -> DataLoader:
         if self.max_tokens_per_batch is None:
@@ -440,6 +497,7 @@ class TokenBatchingSeq2SeqTrainer(Seq2SeqTrainer):
 __all__ = [
     "TokenBatchSampler",
     "TokenBatchingSeq2SeqTrainer",
+    "fewest_chunks_of_all_processes",
     "length_chunks",
     "pack_by_tokens",
     "padding_efficiency",

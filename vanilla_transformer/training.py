@@ -249,6 +249,14 @@ class TranslationTrainingArguments(Seq2SeqTrainingArguments):
             "The paper used about 25000."
         },
     )
+    length_chunks: bool | None = field(
+        default=None,
+        metadata={
+            "help": "Run a training batch whose sentences differ much in length in chunks of similar length (the same "
+            "batch and gradient, less padding). Default: on CPU, where it was measured to pay; off on GPUs. Several "
+            "processes agree on each batch's number of chunks."
+        },
+    )
     threads: int | None = field(
         default=None,
         metadata={
