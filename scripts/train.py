@@ -213,7 +213,7 @@ def load_tokenizer(model_args, raw, source_lang, target_lang, training_args, che
         raise DataError("a tokenizer is needed: pass --tokenizer_name, --model_name_or_path or training data.")
     vocab_size = model_args.vocab_size or PRESETS[model_args.preset]["vocab_size"]
     # one process trains and saves it, the others load it, so that every rank has the same vocabulary
-    with training_args.main_process_first(desc="training the tokenizer"):
+    with training_args.main_process_first(local=False, desc="training the tokenizer"):
         if training_args.process_index == 0:
             tokenizer = train_tokenizer(iterate_texts(raw["train"], source_lang, target_lang), vocab_size=vocab_size)
             tokenizer.save_pretrained(training_args.output_dir)
@@ -296,7 +296,7 @@ def main(argv: list[str] | None = None, callbacks=None) -> dict:
             model_args, raw, source_lang, target_lang, training_args, checkpoint
         )
         model = build_model(model_args, tokenizer, tokenizer_source)
-        with training_args.main_process_first(desc="tokenizing"):
+        with training_args.main_process_first(local=False, desc="tokenizing"):
             tokenized = tokenize_splits(
                 raw,
                 tokenizer,

@@ -165,6 +165,10 @@ class TimeBudgetCallback(TrainerCallback, ExportableState):
                 state.global_step,
             )
         self._mark = self.timer()
+        if resumed and self.elapsed_seconds >= self.budget_seconds:
+            self.stopped_at_step = state.global_step
+            control.should_training_stop = True  # resumed from the run's last checkpoint: nothing left to train
+        return control
 
     def on_step_end(self, args, state, control, **kwargs):
         self.elapsed_seconds += self._lap()

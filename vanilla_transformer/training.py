@@ -425,6 +425,15 @@ class TranslationTrainer(TokenBatchingSeq2SeqTrainer):
         with model_class_unwrapped(self.model):
             super()._save(output_dir, state_dict=state_dict)
 
+    def _run_epoch(self, *args, **kwargs):
+        # transformers 5.24's _inner_training_loop enters the epoch loop before it checks max_steps or a stop: resumed
+        # from a run's final checkpoint (global step = max_steps, not at an epoch's end, or a spent time budget), it
+        # would train one step more. A finished run trains nothing. (tests/test_resume_kill.py fails without this.)
+        if self.state.global_step >= self.state.max_steps or self.control.should_training_stop:
+            self.control.should_training_stop = True
+            return
+        return super()._run_epoch(*args, **kwargs)
+
     def _load_from_checkpoint(self, resume_from_checkpoint: str, model=None) -> None:
         full = os.path.join(resume_from_checkpoint, "pytorch_model_fsdp.bin")  # FSDP's FULL_STATE_DICT checkpoint
         if self.is_fsdp_enabled and self.accelerator.is_fsdp2 and os.path.isfile(full):
