@@ -54,6 +54,7 @@ from vanilla_transformer.training import (
     build_config,
     build_trainer,
     default_generation_config,
+    implied_defaults,
     make_compute_metrics,
     parse_config_overrides,
     set_cpu_threads,
@@ -151,6 +152,15 @@ def parse_arguments(
         defaults.update(do_train=True, do_eval=True, do_predict=True)
     if not torch.accelerator.is_available():
         defaults["dataloader_pin_memory"] = False  # pinned memory only helps copies to an accelerator
+
+    # what the given flags imply (--save_steps: save by steps) wins over the preset; read from the values as parsed,
+    # before TrainingArguments checks them
+    if from_json:
+        parsed = {**defaults, **values}
+    else:
+        parser.set_defaults(**defaults)
+        parsed = vars(parser.parse_known_args(argv)[0])
+    defaults.update(implied_defaults(given, parsed))
 
     if from_json:
         model_args, data_args, training_args = parser.parse_dict({**defaults, **values})

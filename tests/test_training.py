@@ -114,6 +114,36 @@ def test_preset_defaults_yield_to_flags(tmp_path):
     assert (args.learning_rate, args.warmup_steps) == (1e-4, 4000)
 
 
+def test_a_step_count_given_means_its_strategy_by_steps(tmp_path):
+    """The `small` preset saves every epoch; --save_steps alone must not be ignored (nor --eval_steps alone)."""
+    out = ["--output_dir", str(tmp_path)]
+    _, _, args, _ = train_script.parse_arguments(out)
+    assert (args.save_strategy, args.eval_strategy) == ("epoch", "no")
+    _, _, args, _ = train_script.parse_arguments(out + ["--save_steps", "20"])
+    assert (args.save_strategy, args.save_steps) == ("steps", 20)
+    _, _, args, _ = train_script.parse_arguments(out + ["--save_steps=20", "--save_strategy", "epoch"])
+    assert args.save_strategy == "epoch"
+    _, _, args, _ = train_script.parse_arguments(out + ["--eval_steps", "30"])
+    assert (args.eval_strategy, args.eval_steps, args.save_strategy) == ("steps", 30, "epoch")
+    _, _, args, _ = train_script.parse_arguments(out + ["--eval_steps", "30", "--eval_strategy", "epoch"])
+    assert args.eval_strategy == "epoch"
+    (tmp_path / "args.json").write_text(json.dumps({"output_dir": str(tmp_path), "save_steps": 20}))
+    _, _, args, _ = train_script.parse_arguments([str(tmp_path / "args.json")])
+    assert (args.save_strategy, args.save_steps) == ("steps", 20)
+
+    # keeping the best model: saving follows the evaluations unless a saving flag is given (the compact preset's
+    # save_steps 1000 is no multiple of 300, the small preset's save_strategy epoch no match for steps)
+    own_data = out + ["--train_file", "x.jsonl", "--source_lang", "de", "--target_lang", "en"]
+    for argv in (out, own_data):
+        _, _, args, _ = train_script.parse_arguments(argv + ["--load_best_model_at_end", "--eval_steps", "300"])
+        assert (args.eval_strategy, args.save_strategy) == ("steps", "steps")
+        assert (args.eval_steps, args.save_steps) == (300, 300)
+    _, _, args, _ = train_script.parse_arguments(out + ["--load_best_model_at_end", "--eval_strategy", "epoch"])
+    assert args.save_strategy == "epoch"
+    with pytest.raises(ValueError, match="multiple of the evaluation steps"):
+        train_script.parse_arguments(out + ["--load_best_model_at_end", "--eval_steps", "300", "--save_steps", "1000"])
+
+
 def test_no_pinned_memory_without_an_accelerator(tmp_path, monkeypatch):
     """On a CPU-only machine the Trainer would warn about pin_memory at every run; a given flag still wins."""
     monkeypatch.setattr(torch.accelerator, "is_available", lambda: False)

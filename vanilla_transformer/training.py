@@ -291,6 +291,28 @@ def training_defaults(preset: str) -> dict:
     return dict(PRESETS[preset]["training"])
 
 
+def implied_defaults(given: set[str], values: dict) -> dict:
+    """The training-argument defaults that the flags the user gave imply, to apply on top of a preset's (so that they
+    win over it), computed before TrainingArguments checks its values; a flag given always wins over these.
+
+    `given` holds the names of the flags given; `values` every training argument's value as parsed so far (the
+    preset's defaults in place). A step count without its strategy means that strategy by steps (--save_steps 20 saves
+    every 20 steps, although the `small` preset saves every epoch; --eval_steps likewise). With
+    --load_best_model_at_end and no flag about saving, checkpoints follow the evaluations, as transformers requires."""
+    implied: dict = {}
+    for kind in ("save", "eval"):
+        if f"{kind}_steps" in given and f"{kind}_strategy" not in given:
+            implied[f"{kind}_strategy"] = "steps"
+    if values.get("load_best_model_at_end") and not {"save_strategy", "save_steps"} & given:
+        eval_strategy = implied.get("eval_strategy", values.get("eval_strategy"))
+        eval_strategy = str(getattr(eval_strategy, "value", eval_strategy))
+        implied["save_strategy"] = eval_strategy
+        if eval_strategy == "steps":
+            # transformers evaluates every logging_steps when eval_steps is not given
+            implied["save_steps"] = values.get("eval_steps") or values.get("logging_steps")
+    return implied
+
+
 def use_cpu_if_no_accelerator() -> bool:
     """`accelerate launch --multi_gpu` on a machine without GPUs starts N processes, but unless they are told to use
     the CPU each of them trains alone (Accelerate finds no GPU backend). Tell them, so that they join a gloo group.
