@@ -153,14 +153,14 @@ def parse_arguments(
     if not torch.accelerator.is_available():
         defaults["dataloader_pin_memory"] = False  # pinned memory only helps copies to an accelerator
 
-    # what the given flags imply (--save_steps: save by steps) wins over the preset; read from the values as parsed,
-    # before TrainingArguments checks them
+    # what the given flags imply (--save_steps: save by steps; --bf16 without an accelerator: on the CPU) wins over
+    # the preset; read from the values as parsed, before TrainingArguments checks them
     if from_json:
         parsed = {**defaults, **values}
     else:
         parser.set_defaults(**defaults)
         parsed = vars(parser.parse_known_args(argv)[0])
-    defaults.update(implied_defaults(given, parsed))
+    defaults.update(implied_defaults(given, parsed, accelerator_available=torch.accelerator.is_available()))
 
     if from_json:
         model_args, data_args, training_args = parser.parse_dict({**defaults, **values})

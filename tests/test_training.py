@@ -29,6 +29,7 @@ from vanilla_transformer.training import (
     build_config,
     build_trainer,
     default_generation_config,
+    implied_defaults,
     parse_config_overrides,
     save_averaged_model,
     translate,
@@ -162,6 +163,21 @@ def test_no_pinned_memory_without_an_accelerator(tmp_path, monkeypatch):
         7,
         PRESETS["small"]["training"]["learning_rate"],
     )
+
+
+def test_bf16_without_an_accelerator_runs_on_the_cpu(tmp_path, monkeypatch):
+    """transformers refuses --bf16 without a bf16 GPU unless --use_cpu is given; train.py knows there is none."""
+    monkeypatch.setattr(torch.accelerator, "is_available", lambda: False)
+    out = ["--output_dir", str(tmp_path)]
+    for flag in ("--bf16", "--bf16_full_eval"):
+        _, _, args, _ = train_script.parse_arguments(out + [flag, "true"])
+        assert getattr(args, flag[2:]) is True and args.use_cpu is True
+    _, _, args, _ = train_script.parse_arguments(out)
+    assert args.use_cpu is False
+    if not torch.cuda.is_available():  # a flag given wins: then transformers' own check stands
+        with pytest.raises(ValueError, match="bf16"):
+            train_script.parse_arguments(out + ["--bf16", "true", "--use_cpu", "false"])
+    assert "use_cpu" not in implied_defaults({"bf16"}, {"bf16": True}, accelerator_available=True)
 
 
 def test_help_documents_every_flag(capsys):

@@ -291,14 +291,16 @@ def training_defaults(preset: str) -> dict:
     return dict(PRESETS[preset]["training"])
 
 
-def implied_defaults(given: set[str], values: dict) -> dict:
+def implied_defaults(given: set[str], values: dict, accelerator_available: bool = True) -> dict:
     """The training-argument defaults that the flags the user gave imply, to apply on top of a preset's (so that they
     win over it), computed before TrainingArguments checks its values; a flag given always wins over these.
 
     `given` holds the names of the flags given; `values` every training argument's value as parsed so far (the
     preset's defaults in place). A step count without its strategy means that strategy by steps (--save_steps 20 saves
     every 20 steps, although the `small` preset saves every epoch; --eval_steps likewise). With
-    --load_best_model_at_end and no flag about saving, checkpoints follow the evaluations, as transformers requires."""
+    --load_best_model_at_end and no flag about saving, checkpoints follow the evaluations, as transformers requires.
+    Without an accelerator, --bf16 (or --bf16_full_eval) means bf16 on the CPU (--use_cpu), which transformers would
+    otherwise refuse ("Your setup doesn't support bf16/gpu")."""
     implied: dict = {}
     for kind in ("save", "eval"):
         if f"{kind}_steps" in given and f"{kind}_strategy" not in given:
@@ -310,6 +312,8 @@ def implied_defaults(given: set[str], values: dict) -> dict:
         if eval_strategy == "steps":
             # transformers evaluates every logging_steps when eval_steps is not given
             implied["save_steps"] = values.get("eval_steps") or values.get("logging_steps")
+    if not accelerator_available and "use_cpu" not in given and (values.get("bf16") or values.get("bf16_full_eval")):
+        implied["use_cpu"] = True
     return implied
 
 
