@@ -44,7 +44,14 @@ from transformers import AutoTokenizer, HfArgumentParser, set_seed
 
 from vanilla_transformer import VanillaTransformerForConditionalGeneration
 from vanilla_transformer.checkpointing import check_checkpoint, last_complete_checkpoint, load_trained_model
-from vanilla_transformer.data import DataArguments, DataError, select_samples, tokenize_splits
+from vanilla_transformer.data import (
+    MIN_ROWS_PER_WORKER,
+    DataArguments,
+    DataError,
+    default_num_workers,
+    select_samples,
+    tokenize_splits,
+)
 from vanilla_transformer.sharding import describe_parallelism
 from vanilla_transformer.time_budget import UNLIMITED_STEPS, find_time_budget, format_duration
 from vanilla_transformer.tokenizer import check_tokenizer_matches_config, iterate_texts, train_tokenizer
@@ -53,6 +60,7 @@ from vanilla_transformer.training import (
     TranslationTrainingArguments,
     build_config,
     build_trainer,
+    busy_cpus,
     default_generation_config,
     implied_defaults,
     make_compute_metrics,
@@ -114,8 +122,20 @@ class TrainingDataArguments(DataArguments):
         default=None,
         metadata={"help": "Longest target in tokens (eos included); longer pairs are dropped. Default: the preset's."},
     )
-    preprocessing_num_workers: int | None = field(default=None, metadata={"help": "Processes for tokenisation."})
-    overwrite_cache: bool = field(default=False, metadata={"help": "Tokenise again instead of using the cache."})
+    preprocessing_num_workers: int | None = field(
+        default=None,
+        metadata={
+            "help": "Processes for tokenisation. Default: one per idle CPU, but one per "
+            f"{MIN_ROWS_PER_WORKER:,} pairs at most (a single one for smaller data)."
+        },
+    )
+    overwrite_cache: bool = field(
+        default=False,
+        metadata={
+            "help": "Tokenise again instead of loading the tokenised splits that an earlier run with the same data, "
+            "tokenizer, languages and length limits left in the datasets cache."
+        },
+    )
 
 
 def given_flags(argv: list[str]) -> set[str]:
@@ -314,7 +334,8 @@ def main(argv: list[str] | None = None, callbacks=None) -> dict:
                 target_lang,
                 data_args.max_source_length,
                 data_args.max_target_length,
-                num_proc=data_args.preprocessing_num_workers,
+                num_proc=data_args.preprocessing_num_workers
+                or default_num_workers(max(map(len, raw.values())), busy_cpus),
                 load_from_cache_file=not data_args.overwrite_cache,
                 print_fn=print if is_main else None,
             )

@@ -5,9 +5,12 @@ import re
 
 import pytest
 from datasets import Dataset, DatasetDict
+from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
+from vanilla_transformer import data
 from vanilla_transformer.data import (
     DataError,
+    default_num_workers,
     demo_corpus,
     english_number,
     german_number,
@@ -178,6 +181,75 @@ def test_long_pairs_are_dropped_and_counted_never_truncated(capsys):
 
     with pytest.raises(DataError, match="every pair is longer"):
         tokenize_splits(raw, tokenizer, "de", "en", max_source_length=1, max_target_length=1, print_fn=None)
+
+
+def test_a_restart_loads_the_tokenized_splits_from_the_cache(tmp_path, monkeypatch):
+    """The second run reads the same file with the tokenizer the first one trained and saved: nothing is tokenised
+    again. Another tokenizer, other languages or another file are tokenised again; other length limits reuse the
+    tokenisation but not the filtered split."""
+    words = ["eins", "zwei", "drei", "vier", "fünf"]
+    rows = [{"translation": {"de": " ".join(words[: i % 5 + 1]), "en": f"{i} one two"}} for i in range(40)]
+    train_file = tmp_path / "train.jsonl"
+    train_file.write_text("".join(json.dumps(row) + "\n" for row in rows), encoding="utf-8")
+    cache = str(tmp_path / "cache")
+
+    def tokenize(tokenizer, source_lang="de", target_lang="en", max_length=5, **kwargs) -> DatasetDict:
+        raw, _, _ = load_raw_datasets(source_lang="de", target_lang="en", train_file=str(train_file), cache_dir=cache)
+        kwargs.update(print_fn=None)
+        return tokenize_splits(raw, tokenizer, source_lang, target_lang, max_length, max_length, **kwargs)
+
+    calls = []
+    original_call = PreTrainedTokenizerBase.__call__
+    monkeypatch.setattr(
+        PreTrainedTokenizerBase, "__call__", lambda self, *a, **k: calls.append(1) or original_call(self, *a, **k)
+    )
+    trained = train_tokenizer([" ".join(words), "one two"] * 5, vocab_size=300)
+    first = tokenize(trained)
+    assert calls and first["train"].cache_files and str(tmp_path / "cache") in first["train"].cache_files[0]["filename"]
+    trained.save_pretrained(tmp_path / "tokenizer")
+    saved = AutoTokenizer.from_pretrained(tmp_path / "tokenizer")
+
+    calls.clear()
+    second = tokenize(saved)
+    assert not calls  # loaded, not tokenised
+    assert second["train"].cache_files == first["train"].cache_files
+    assert second["train"].to_list() == first["train"].to_list()
+
+    other_tokenizer = train_tokenizer([" ".join(words), "one two three"] * 5, vocab_size=290)
+    for kwargs in (
+        {"tokenizer": other_tokenizer},
+        {"tokenizer": saved, "source_lang": "en", "target_lang": "de"},
+        {"tokenizer": saved, "load_from_cache_file": False},
+    ):
+        calls.clear()
+        again = tokenize(**kwargs)
+        assert calls, kwargs
+        if "load_from_cache_file" not in kwargs:
+            assert again["train"].cache_files != first["train"].cache_files
+    calls.clear()
+    longer = tokenize(saved, max_length=8)
+    assert not calls and len(longer["train"]) > len(first["train"])
+    assert longer["train"].cache_files != first["train"].cache_files
+
+    # the file changed: its rows are tokenised
+    train_file.write_text("".join(json.dumps(row) + "\n" for row in rows[:20]), encoding="utf-8")
+    calls.clear()
+    changed = tokenize(saved)
+    assert calls and changed["train"].cache_files != first["train"].cache_files
+
+
+def test_tokenizing_processes_follow_the_idle_cpus_and_the_size_of_the_data(monkeypatch):
+    monkeypatch.setattr(data.os, "sched_getaffinity", lambda pid: set(range(8)), raising=False)
+    busy_asked = []
+
+    def busy() -> float:
+        busy_asked.append(1)
+        return 2.2
+
+    assert default_num_workers(1000, busy) == 1 and not busy_asked  # small data: no processes to start
+    assert default_num_workers(data.MIN_ROWS_PER_WORKER * 3, busy) == 3
+    assert default_num_workers(data.MIN_ROWS_PER_WORKER * 100, busy) == 6  # 8 CPUs, 2.2 of them busy
+    assert default_num_workers(data.MIN_ROWS_PER_WORKER * 100) == 8
 
 
 @pytest.mark.parametrize(

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 import datasets
 from datasets import Dataset, DatasetDict
+from datasets.fingerprint import Hasher
 
 DEMO_SOURCE_LANG = "de"
 DEMO_TARGET_LANG = "en"
@@ -406,6 +407,60 @@ def sentence_pairs(batch: dict, source_lang: str, target_lang: str) -> tuple[lis
 # --------------------------------------------------------------------------------------------------------------------
 
 
+# Part of the tokenized splits' cache key: change it whenever `tokenize_splits` gives other rows for the same inputs.
+TOKENIZATION_VERSION = "1"
+
+
+def tokenizer_fingerprint(tokenizer) -> str:
+    """A hash of what decides the ids a tokenizer gives: its backend's JSON (normaliser, pre-tokeniser, model,
+    post-processor with the eos it adds, special tokens), whether it was trained here or loaded from disk; the padding
+    and truncation settings a call leaves behind are left out, since `tokenize_splits` uses neither. A tokenizer
+    without a `tokenizers` backend is hashed whole."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is None:
+        return Hasher.hash(tokenizer)
+    state = json.loads(backend.to_str())
+    state.pop("padding", None)
+    state.pop("truncation", None)
+    return Hasher.hash(json.dumps(state, sort_keys=True))
+
+
+def tokenization_fingerprints(
+    dataset: Dataset,
+    tokenizer_hash: str,
+    source_lang: str,
+    target_lang: str,
+    max_source_length: int,
+    max_target_length: int,
+) -> tuple[str, str]:
+    """The `datasets` fingerprints of a split once tokenised and once filtered by length: the same data (the split's
+    own fingerprint, which follows its files), tokenizer, languages and (for the second) length limits give the same
+    fingerprints, hence the same cache files."""
+    tokenized = Hasher.hash(
+        ["tokenize", TOKENIZATION_VERSION, dataset._fingerprint, tokenizer_hash, source_lang, target_lang]
+    )
+    return tokenized, Hasher.hash(["short_enough", tokenized, max_source_length, max_target_length])
+
+
+# below this many rows per process, extra tokenising processes cost more than they save (measured: see docs/training.md)
+MIN_ROWS_PER_WORKER = 50_000
+
+
+def default_num_workers(num_rows: int, busy_cpus: Callable[[], float] | None = None) -> int:
+    """--preprocessing_num_workers' default for a split of `num_rows` rows: one process per CPU this process may use
+    that other work leaves idle (`busy_cpus()`: how many CPUs it keeps busy; asked only when it matters), and no more
+    than one per MIN_ROWS_PER_WORKER rows, since starting a process costs more than it saves on fewer."""
+    most = num_rows // MIN_ROWS_PER_WORKER
+    if most <= 1:
+        return 1
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        cpus = os.cpu_count() or 1
+    busy = busy_cpus() if busy_cpus is not None else 0.0
+    return max(1, min(most, int(cpus - busy + 0.5)))
+
+
 def tokenize_splits(
     raw: DatasetDict,
     tokenizer,
@@ -418,7 +473,11 @@ def tokenize_splits(
     print_fn: Callable[[str], None] | None = print,
 ) -> DatasetDict:
     """Tokenise every split with `tokenizer(sources, text_target=targets)` (both end with eos), then drop the pairs
-    whose source or target is longer than the limits, printing how many: labels are never truncated."""
+    whose source or target is longer than the limits, printing how many: labels are never truncated.
+
+    A split read from files (or any split with `datasets` cache files) is cached next to them, in `datasets`' cache:
+    a later call with the same data, tokenizer, languages and limits loads the result instead of tokenising again
+    (`load_from_cache_file=False` tokenises again). In-memory splits, like the demo corpus, are not cached."""
     if max_source_length <= 0 or max_target_length <= 0:
         raise DataError(
             f"--max_source_length={max_source_length} and --max_target_length={max_target_length} must be positive."
@@ -437,17 +496,28 @@ def tokenize_splits(
             for source, target in zip(batch["input_ids"], batch["labels"])
         ]
 
+    tokenizer_hash = tokenizer_fingerprint(tokenizer)
     tokenized = DatasetDict()
     for split, dataset in raw.items():
+        tokenized_fingerprint, kept_fingerprint = tokenization_fingerprints(
+            dataset, tokenizer_hash, source_lang, target_lang, max_source_length, max_target_length
+        )
         encoded = dataset.map(
             tokenize,
             batched=True,
             num_proc=num_proc,
             remove_columns=dataset.column_names,
             load_from_cache_file=load_from_cache_file,
+            new_fingerprint=tokenized_fingerprint,
             desc=f"Tokenizing {split}",
         )
-        kept = encoded.filter(short_enough, batched=True, num_proc=num_proc, load_from_cache_file=load_from_cache_file)
+        kept = encoded.filter(
+            short_enough,
+            batched=True,
+            num_proc=num_proc,
+            load_from_cache_file=load_from_cache_file,
+            new_fingerprint=kept_fingerprint,
+        )
         dropped = len(encoded) - len(kept)
         if print_fn is not None:
             print_fn(
