@@ -175,11 +175,8 @@ def parse_arguments(
 
     # what the given flags imply (--save_steps: save by steps; --bf16 without an accelerator: on the CPU) wins over
     # the preset; read from the values as parsed, before TrainingArguments checks them
-    if from_json:
-        parsed = {**defaults, **values}
-    else:
-        parser.set_defaults(**defaults)
-        parsed = vars(parser.parse_known_args(argv)[0])
+    parser.set_defaults(**defaults)
+    parsed = vars(parser.parse_known_args([] if from_json else argv)[0]) | (values if from_json else {})
     defaults.update(implied_defaults(given, parsed, accelerator_available=torch.accelerator.is_available()))
 
     if from_json:

@@ -141,6 +141,10 @@ def test_a_step_count_given_means_its_strategy_by_steps(tmp_path):
         assert (args.eval_steps, args.save_steps) == (300, 300)
     _, _, args, _ = train_script.parse_arguments(out + ["--load_best_model_at_end", "--eval_strategy", "epoch"])
     assert args.save_strategy == "epoch"
+    values = {"output_dir": str(tmp_path), "train_file": "x.jsonl", "source_lang": "de", "target_lang": "en"}
+    (tmp_path / "args.json").write_text(json.dumps(values | {"load_best_model_at_end": True, "eval_strategy": "steps"}))
+    _, _, args, _ = train_script.parse_arguments([str(tmp_path / "args.json")])
+    assert (args.save_strategy, args.save_steps, args.eval_steps) == ("steps", 500, 500)  # every logging_steps
     with pytest.raises(ValueError, match="multiple of the evaluation steps"):
         train_script.parse_arguments(out + ["--load_best_model_at_end", "--eval_steps", "300", "--save_steps", "1000"])
 
