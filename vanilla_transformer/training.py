@@ -10,6 +10,7 @@ import os
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 
 import numpy as np
 import torch
@@ -29,6 +30,7 @@ from .batching import TokenBatchingSeq2SeqTrainer
 from .checkpointing import load_trained_model
 from .configuration_vanilla_transformer import VanillaTransformerConfig
 from .modeling_vanilla_transformer import VanillaTransformerForConditionalGeneration
+from .process_group import init_cpu_process_group
 from .sharding import (
     ParallelismReportCallback,
     check_parallelism_can_run,
@@ -282,6 +284,11 @@ class TranslationTrainingArguments(Seq2SeqTrainingArguments):
         check_minutes(self.max_train_minutes)
         if self.max_train_minutes is not None:
             check_scheduler(self.lr_scheduler_type, self.lr_scheduler_kwargs)
+
+    @cached_property
+    def _setup_devices(self) -> torch.device:
+        init_cpu_process_group(self)  # so that --ddp_timeout holds on CPU too (transformers 5.24 drops it there)
+        return super()._setup_devices
 
 
 def training_defaults(preset: str) -> dict:
