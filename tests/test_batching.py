@@ -297,7 +297,7 @@ def test_two_processes_see_every_pair_once_per_epoch(tmp_path):
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
     completed = subprocess.run(
-        [*command, os.path.abspath(__file__), str(tmp_path)], env=env, capture_output=True, text=True, timeout=300
+        [*command, os.path.abspath(__file__), str(tmp_path)], env=env, capture_output=True, text=True, timeout=180
     )
     assert completed.returncode == 0, completed.stdout[-3000:] + completed.stderr[-3000:]
     ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
@@ -326,7 +326,7 @@ def _distributed_worker(output_dir: str) -> None:
     collator = recording_collator(tokenizer)
     trainer = TokenBatchingSeq2SeqTrainer(
         model=model_for(tokenizer),
-        args=training_args(output_dir, gradient_accumulation_steps=2, num_train_epochs=2),
+        args=training_args(output_dir, gradient_accumulation_steps=2, num_train_epochs=2, ddp_timeout=30),
         train_dataset=pairs,
         data_collator=collator,
         max_tokens_per_batch=40,
