@@ -39,10 +39,6 @@ CASES = [
 ]
 
 
-def config_of(options: dict):
-    return tiny_config(vocab_size=64, **options)
-
-
 def groups(model: torch.nn.Module) -> list[set[str]]:
     """The state-dict names that hold one tensor, in groups of two or more."""
     by_tensor: dict[int, set[str]] = {}
@@ -79,7 +75,7 @@ def on_meta(model: torch.nn.Module) -> list[str]:
 
 @pytest.mark.parametrize(("cls", "options"), CASES)
 def test_save_and_reload_is_complete_and_stays_tied(cls, options, tmp_path):
-    model = cls(config_of(options)).eval()
+    model = cls(tiny_config(**options)).eval()
     assert groups(model) == expected_groups(cls, options)
     model.save_pretrained(tmp_path)
     reloaded, info = cls.from_pretrained(tmp_path, output_loading_info=True)
@@ -96,7 +92,7 @@ def test_save_and_reload_is_complete_and_stays_tied(cls, options, tmp_path):
 def test_no_checkpoint_initialises_every_weight_as_a_fresh_model(cls, options):
     """What transformers' common test_can_init_all_missing_weights checks: loaded from an empty state dict, every
     weight is initialised (none left on meta) and, with the same seed, equal to a model built from the config."""
-    config = config_of(options)
+    config = tiny_config(**options)
     initialize = PreTrainedModel._initialize_weights
 
     def seeded(self, module, *args, **kwargs):  # the same draws for each module, whatever the order
@@ -116,7 +112,7 @@ def test_no_checkpoint_initialises_every_weight_as_a_fresh_model(cls, options):
 def test_a_checkpoint_without_weights_reports_every_weight_missing(cls, options, tmp_path):
     """What transformers' common test_model_weights_reload_no_missing_tied_weights checks: a checkpoint holding none
     of the weights reports each parameter missing, none ignored and nothing that is not a parameter."""
-    cls(config_of(options)).save_pretrained(tmp_path)
+    cls(tiny_config(**options)).save_pretrained(tmp_path)
     save_file({"tensor": torch.tensor([1, 2])}, os.path.join(tmp_path, "model.safetensors"), metadata={"format": "pt"})
     reloaded, info = cls.from_pretrained(tmp_path, output_loading_info=True)
     names = {name for name, _ in reloaded.named_parameters()} | {name for name, _ in reloaded.named_buffers()}
@@ -128,12 +124,13 @@ def test_a_checkpoint_without_weights_reports_every_weight_missing(cls, options,
 
 @pytest.mark.parametrize(("cls", "options"), CASES)
 def test_tied_names_come_from_the_structure(cls, options):
-    model = cls(config_of(options))
+    model = cls(tiny_config(**options))
+    order, expected = list(model.state_dict()), {}
+    for group in expected_groups(cls, options):
+        first = min(group, key=order.index)
+        expected.update({alias: first for alias in group - {first}})
     aliases = tied_names(model)
-    first = [min(group, key=list(model.state_dict()).index) for group in expected_groups(cls, options)]
-    assert {(alias, name) for alias, name in aliases.items()} == {
-        (alias, name) for group, name in zip(expected_groups(cls, options), first) for alias in group - {name}
-    }
+    assert aliases == expected
     # a gathered state dict (FSDP: one copy per name) is one tensor per group again
     gathered = {name: tensor.clone() for name, tensor in model.state_dict().items()}
     shared = share_tied_tensors(gathered, model)
@@ -167,7 +164,7 @@ def test_resume_still_reports_a_weight_stored_under_no_name(caplog):
     """The trainer drops a tied name from the report only when the tensor it aliases was loaded."""
     from vanilla_transformer.training import TranslationTrainer
 
-    model = VanillaTransformerForConditionalGeneration(config_of({}))
+    model = VanillaTransformerForConditionalGeneration(tiny_config())
     trainer = object.__new__(TranslationTrainer)  # only `model` is read
     trainer.model = model
     stored_once = {name: tensor for name, tensor in model.state_dict().items() if name not in tied_names(model)}
