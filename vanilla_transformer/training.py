@@ -38,6 +38,7 @@ from .sharding import (
     load_full_state_dict_checkpoint,
     model_class_unwrapped,
     share_tied_tensors,
+    tied_names,
 )
 from .time_budget import (
     BudgetProgressCallback,
@@ -448,6 +449,14 @@ class TranslationTrainer(TokenBatchingSeq2SeqTrainer):
             return
         super()._load_from_checkpoint(resume_from_checkpoint, model)
 
+    def _issue_warnings_after_load(self, load_result) -> None:
+        # transformers 5.24's Trainer resumes with torch's load_state_dict, which reports missing every name that the
+        # checkpoint stores once: the shared embedding's names under the stacks and the tied lm_head. They are loaded
+        # with the name they alias; only a name whose tensor was not loaded under any name is missing.
+        aliases, missing = tied_names(self.model), set(load_result.missing_keys)
+        missing = [name for name in load_result.missing_keys if aliases.get(name, name) in missing]
+        super()._issue_warnings_after_load(load_result._replace(missing_keys=missing))
+
 
 def build_trainer(
     model: PreTrainedModel,
@@ -550,7 +559,7 @@ def save_averaged_model(checkpoints: Sequence[str], output_dir: str) -> PreTrain
     if unexpected:
         raise ValueError(f"the checkpoints hold tensors the model does not have: {unexpected[:5]}")
     # tied weights (lm_head = the shared embedding) are stored once, so their other names are the only ones missing
-    untied = set(missing) - set(getattr(model, "_tied_weights_keys", None) or {})
+    untied = set(missing) - tied_names(model).keys()
     if untied:
         raise ValueError(f"the checkpoints lack tensors of the model: {sorted(untied)[:5]}")
     os.makedirs(output_dir, exist_ok=True)
