@@ -297,7 +297,7 @@ def test_two_processes_see_every_pair_once_per_epoch(tmp_path):
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
     completed = subprocess.run(
-        [*command, os.path.abspath(__file__), str(tmp_path)], env=env, capture_output=True, text=True, timeout=300
+        [*command, os.path.abspath(__file__), str(tmp_path)], env=env, capture_output=True, text=True, timeout=180
     )
     assert completed.returncode == 0, completed.stdout[-3000:] + completed.stderr[-3000:]
     ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
@@ -326,7 +326,7 @@ def _distributed_worker(output_dir: str) -> None:
     collator = recording_collator(tokenizer)
     trainer = TokenBatchingSeq2SeqTrainer(
         model=model_for(tokenizer),
-        args=training_args(output_dir, gradient_accumulation_steps=2, num_train_epochs=2),
+        args=training_args(output_dir, gradient_accumulation_steps=2, num_train_epochs=2, ddp_timeout=30),
         train_dataset=pairs,
         data_collator=collator,
         max_tokens_per_batch=40,
@@ -440,3 +440,38 @@ def test_trainer_step_in_chunks_gives_the_gradient_of_the_whole_batch(tmp_path, 
     model.register_forward_pre_hook(lambda module, args: counted.append(1))
     trainer.training_step(model, dict(batch), num_items_in_batch=num_items)
     assert counted == [1]
+
+
+def test_length_chunks_can_be_turned_off_and_several_processes_use_the_agreed_count(tmp_path, one_thread):
+    """--length_chunks false runs every batch whole; `agree` (several processes: the fewest chunks any of them chose)
+    decides how many chunks a batch is cut into, and is asked even for a batch that cannot be split."""
+    from vanilla_transformer.training import TranslationTrainingArguments
+
+    tokenizer = word_tokenizer(WORDS)
+    batch = DataCollatorForSeq2Seq(tokenizer, label_pad_token_id=-100)(tokenized_pairs(tokenizer, 32))
+    batch["decoder_input_ids"] = model_for(tokenizer).prepare_decoder_input_ids_from_labels(batch["labels"])
+    num_items = (batch["labels"] != -100).sum()
+    passes = {}
+    for flag in (None, "true", "false"):
+        values = {} if flag is None else {"length_chunks": flag == "true"}
+        args = TranslationTrainingArguments(output_dir=str(tmp_path), use_cpu=True, report_to="none", **values)
+        model = model_for(tokenizer)
+        trainer = TokenBatchingSeq2SeqTrainer(model=model, args=args)
+        calls = []
+        model.register_forward_pre_hook(lambda module, inputs, calls=calls: calls.append(1))
+        trainer.training_step(model, dict(batch), num_items_in_batch=num_items)
+        passes[flag] = len(calls)
+    assert passes["true"] == passes[None] > 1 and passes["false"] == 1  # on CPU the default is on
+    off = TokenBatchingSeq2SeqTrainer(model=model_for(tokenizer), args=training_args(tmp_path), length_chunks=False)
+    assert not off.chunks_keep_the_gradient(num_items)
+
+    best = len(split_padded_batch(dict(batch)))
+    asked = []
+    for agreed in (1, 2, best):
+        chunks = split_padded_batch(dict(batch), agree=lambda count, agreed=agreed: asked.append(count) or agreed)
+        assert len(chunks) == agreed and sum(len(chunk["labels"]) for chunk in chunks) == 32
+    assert asked == [best] * 3  # each process offers its own best count
+    split_padded_batch({**batch, "extra": batch["labels"]}, agree=lambda count: asked.append(count) or 1)
+    assert asked[-1] == 1
+    with pytest.raises(ValueError, match="between 1 and the batch's 32 rows"):
+        length_chunks([3] * 32, [4] * 32, parts=33)

@@ -3,8 +3,9 @@
 scripts/train.py runs in child processes that SIGKILL themselves at a chosen moment, which is what an out-of-memory
 killer or a pre-empted machine does: no exception handler, no atexit, no flush. A first run is killed in the middle
 of writing a checkpoint's optimizer.pt; a second resumes with `--resume_from_checkpoint last` and is killed at a
-random training step; a third resumes again and finishes. Its final weights must equal, bit for bit, those of a run
-that was never interrupted (CPU, same seed).
+random training step; a third resumes again and is killed during the final evaluation, after the run's last
+checkpoint (at max_steps, in the middle of an epoch) was written; a fourth resumes from that one, trains nothing and
+finishes. Its final weights must equal, bit for bit, those of a run that was never interrupted (CPU, same seed).
 """
 
 import json
@@ -27,9 +28,10 @@ from conftest import ROOT, TINY_OVERRIDES
 from vanilla_transformer.checkpointing import check_checkpoint, checkpoint_problem, last_complete_checkpoint
 
 TRAIN = ROOT / "scripts" / "train.py"
-MAX_STEPS, SAVE_STEPS = 12, 4
+MAX_STEPS, SAVE_STEPS = 14, 4  # 4 steps per epoch (32 pairs, 8 per batch): the run ends in an epoch's middle
 TRAIN_ARGS = [
     "--do_train",
+    "--do_eval",
     "--max_steps", str(MAX_STEPS),
     "--save_strategy", "steps",
     "--save_steps", str(SAVE_STEPS),
@@ -52,7 +54,7 @@ TRAIN_ARGS = [
 
 # Runs train.py's main() once per JSON argument list given on the command line. KILL_IN_SAVE=<step> makes the
 # process SIGKILL itself halfway through writing checkpoint-<step>/optimizer.pt; KILL_AT_STEP=<step> right after
-# that optimizer step (before any save).
+# that optimizer step (before any save); KILL_IN_EVAL=<step> in an evaluation's first batch at that step.
 DRIVER = textwrap.dedent(
     """
     import io, json, os, runpy, signal, sys
@@ -60,6 +62,7 @@ DRIVER = textwrap.dedent(
     from transformers import TrainerCallback
 
     kill_in_save, kill_at_step = os.environ.get("KILL_IN_SAVE"), os.environ.get("KILL_AT_STEP")
+    kill_in_eval = os.environ.get("KILL_IN_EVAL")
     real_save = torch.save
 
     def save(obj, f, *args, **kwargs):
@@ -76,6 +79,10 @@ DRIVER = textwrap.dedent(
     class KillAtStep(TrainerCallback):
         def on_step_end(self, args, state, control, **kwargs):
             if kill_at_step and state.global_step == int(kill_at_step):
+                os.kill(os.getpid(), signal.SIGKILL)
+
+        def on_prediction_step(self, args, state, control, **kwargs):
+            if kill_in_eval and state.global_step == int(kill_in_eval):
                 os.kill(os.getpid(), signal.SIGKILL)
 
     main = runpy.run_path(sys.argv[1])["main"]
@@ -107,30 +114,42 @@ def test_killed_training_resumes_to_the_same_weights(tmp_path):
     out, reference = tmp_path / "interrupted", tmp_path / "reference"
     args = [*TRAIN_ARGS, "--output_dir", str(out)]
     resume = [*args, "--resume_from_checkpoint", "last"]
+    save_steps = list(range(SAVE_STEPS, MAX_STEPS, SAVE_STEPS)) + [MAX_STEPS]  # 4, 8, 12 and the last, 14
+    cut_at = random.choice(save_steps[1:-1])
+    kill_step = random.choice(range(cut_at - SAVE_STEPS + 1, MAX_STEPS))
+    moments = f"killed writing checkpoint-{cut_at}, at step {kill_step}, in the final evaluation"
 
-    # 1. killed while writing checkpoint-8: its optimizer.pt is cut in half, trainer_state.json never written
-    first = run(tmp_path, args, KILL_IN_SAVE=2 * SAVE_STEPS)
+    # 1. killed while writing a checkpoint: its optimizer.pt is cut in half, trainer_state.json never written
+    first = run(tmp_path, args, KILL_IN_SAVE=cut_at)
     assert first.returncode == -signal.SIGKILL, tail(first)
-    half = out / f"checkpoint-{2 * SAVE_STEPS}"
+    half = out / f"checkpoint-{cut_at}"
     assert half.is_dir() and (half / "model.safetensors").is_file() and not (half / "trainer_state.json").exists()
     assert checkpoint_problem(str(half)) is not None
-    assert last_complete_checkpoint(str(out)) == str(out / f"checkpoint-{SAVE_STEPS}")
+    assert last_complete_checkpoint(str(out)) == str(out / f"checkpoint-{cut_at - SAVE_STEPS}")
 
     # 2. resumed from the newest complete checkpoint, then killed at a random training step
-    kill_step = random.choice([s for s in range(SAVE_STEPS + 1, MAX_STEPS) if s % SAVE_STEPS])
     second = run(tmp_path, resume, KILL_AT_STEP=kill_step)
-    assert second.returncode == -signal.SIGKILL, f"kill at step {kill_step}:\n{tail(second)}"
+    assert second.returncode == -signal.SIGKILL, f"{moments}:\n{tail(second)}"
     assert "Not resuming from" in second.stderr and str(half) in second.stderr  # the skip is reported
 
-    # 3. resumed again to the end; then the uninterrupted run, in the same process to save a start-up
-    third = run(tmp_path, resume, [*TRAIN_ARGS, "--output_dir", str(reference)])
-    assert third.returncode == 0, f"kill at step {kill_step}:\n{tail(third)}"
-    assert json.loads((out / "trainer_state.json").read_text())["global_step"] == MAX_STEPS
+    # 3. resumed again, trains to the end, saves its last checkpoint and is killed in the final evaluation
+    third = run(tmp_path, resume, KILL_IN_EVAL=MAX_STEPS)
+    assert third.returncode == -signal.SIGKILL, f"{moments}:\n{tail(third)}"
+    assert last_complete_checkpoint(str(out)) == str(out / f"checkpoint-{MAX_STEPS}")
+
+    # 4. resumed from the run's last checkpoint: nothing left to train (transformers' Trainer alone would run a
+    # step 15), evaluates and finishes; then the uninterrupted run, in the same process to save a start-up
+    fourth = run(tmp_path, resume, [*TRAIN_ARGS, "--output_dir", str(reference)])
+    assert fourth.returncode == 0, f"{moments}:\n{tail(fourth)}"
+    state = json.loads((out / "trainer_state.json").read_text())
+    assert state["global_step"] == MAX_STEPS
+    assert max(entry["step"] for entry in state["log_history"]) == MAX_STEPS
+    assert (out / "eval_results.json").is_file()
 
     resumed, uninterrupted = weights(out), weights(reference)
     assert resumed.keys() == uninterrupted.keys()
     different = [name for name in resumed if not torch.equal(resumed[name], uninterrupted[name])]
-    assert not different, f"kill at step {kill_step}: weights differ from the uninterrupted run: {different[:5]}"
+    assert not different, f"{moments}: weights differ from the uninterrupted run: {different[:5]}"
     assert not torch.equal(
         resumed["model.shared.weight"], weights(out / f"checkpoint-{SAVE_STEPS}")["model.shared.weight"]
     )

@@ -73,6 +73,7 @@ def train_args(output_dir, tokenizer: str) -> list[str]:
         *("--save_strategy", "steps", "--save_steps", "3", "--warmup_steps", "2", "--learning_rate", "1e-2"),
         *("--config_overrides", TINY_OVERRIDES + ",dropout=0.0", "--max_source_length", "32"),
         *("--max_target_length", "32", "--disable_tqdm", "true", "--report_to", "none"),
+        *("--ddp_timeout", "30"),  # seconds a collective waits for the other process: a mismatch fails, not hangs
     ]
 
 
@@ -85,7 +86,7 @@ def launch(tmp_path, name: str, launch_flags: list[str], args: list[str], stop_a
     command = [sys.executable, "-m", "accelerate.commands.launch", "--num_processes", "2", "--num_machines", "1"]
     command += ["--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", str(free_port())]
     command += [*launch_flags, str(launcher), str(ROOT / "scripts" / "train.py"), str(folder), str(stop_after), *args]
-    return subprocess.run(command, capture_output=True, text=True, env=script_env(tmp_path), timeout=300), folder
+    return subprocess.run(command, capture_output=True, text=True, env=script_env(tmp_path), timeout=180), folder
 
 
 @pytest.fixture(scope="module")

@@ -493,7 +493,8 @@ class VanillaTransformerModel(VanillaTransformerPreTrainedModel):
     def __init__(self, config: VanillaTransformerConfig):
         super().__init__(config)
         if config.share_encoder_decoder_embeddings:
-            # one matrix for source and target tokens (§3.4)
+            # one matrix for source and target tokens (§3.4); its names under the stacks are listed for save_pretrained,
+            # which then stores it once, as shared.weight
             self.shared = nn.Embedding(config.vocab_size, config.d_model, config.pad_token_id)
             encoder_embeddings = decoder_embeddings = self.shared
             self._tied_weights_keys = {
@@ -506,6 +507,11 @@ class VanillaTransformerModel(VanillaTransformerPreTrainedModel):
         self.encoder = Encoder(config, encoder_embeddings)
         self.decoder = Decoder(config, decoder_embeddings)
         self.post_init()
+
+    def get_expanded_tied_weights_keys(self, all_submodels: bool = False) -> dict:
+        # Nothing to tie: the stacks' embeddings are the module `shared` itself. Declared to the loader, its aliases
+        # would mark shared.weight loaded and leave it on the meta device when a checkpoint lacks it.
+        return {}
 
     def get_input_embeddings(self) -> nn.Embedding:
         return self.encoder.embeddings.embed_tokens
@@ -582,14 +588,9 @@ class VanillaTransformerForConditionalGeneration(VanillaTransformerPreTrainedMod
         super().__init__(config)
         self.model = VanillaTransformerModel(config)
         self.lm_head = nn.Linear(config.d_model, config.decoder_vocab_size, bias=False)
-        if config.share_encoder_decoder_embeddings:
-            self._tied_weights_keys = {
-                "lm_head.weight": "model.shared.weight",
-                "model.encoder.embeddings.embed_tokens.weight": "model.shared.weight",
-                "model.decoder.embeddings.embed_tokens.weight": "model.shared.weight",
-            }
-        else:
-            self._tied_weights_keys = {"lm_head.weight": "model.decoder.embeddings.embed_tokens.weight"}
+        # the pre-softmax projection is the target embedding (§3.4), tied when config.tie_word_embeddings
+        target = "model.shared" if config.share_encoder_decoder_embeddings else "model.decoder.embeddings.embed_tokens"
+        self._tied_weights_keys = {"lm_head.weight": f"{target}.weight"}
         self.post_init()
 
     def resize_token_embeddings(
@@ -694,11 +695,6 @@ class VanillaTransformerForSequenceClassification(VanillaTransformerPreTrainedMo
         super().__init__(config)
         self.model = VanillaTransformerModel(config)
         self.classification_head = VanillaTransformerClassificationHead(config)
-        if config.share_encoder_decoder_embeddings:
-            self._tied_weights_keys = {
-                "model.encoder.embeddings.embed_tokens.weight": "model.shared.weight",
-                "model.decoder.embeddings.embed_tokens.weight": "model.shared.weight",
-            }
         self.post_init()
 
     @can_return_tuple
@@ -733,9 +729,7 @@ class VanillaTransformerForSequenceClassification(VanillaTransformerPreTrainedMo
         last_eos = torch.where(eos_mask, positions, -1).amax(dim=1)
         sentence = outputs.last_hidden_state[torch.arange(input_ids.shape[0], device=input_ids.device), last_eos]
         logits = self.classification_head(sentence)  # (batch, num_labels)
-
         loss = None if labels is None else self.loss_function(labels=labels, pooled_logits=logits, config=self.config)
-
         return Seq2SeqSequenceClassifierOutput(
             loss=loss,
             logits=logits,

@@ -129,13 +129,28 @@ def model_class_unwrapped(model: torch.nn.Module) -> Iterator[torch.nn.Module]:
         model.__class__ = wrapped
 
 
+def tied_names(model: torch.nn.Module) -> dict[str, str]:
+    """{alias: name} for every state-dict name that holds the same tensor as an earlier one, found from the model's
+    structure rather than its `_tied_weights_keys` (which transformers 5 reads as ties to make on load): a second
+    path to the same module (`model.encoder.embeddings.embed_tokens.weight` when that embedding is the module
+    `model.shared`), or a parameter tied to another (`lm_head.weight`)."""
+    first: dict[int, str] = {}
+    aliases = {}
+    named = [*model.named_parameters(remove_duplicate=False), *model.named_buffers(remove_duplicate=False)]
+    for name, tensor in named:
+        if id(tensor) in first:
+            aliases[name] = first[id(tensor)]
+        else:
+            first[id(tensor)] = name
+    return aliases
+
+
 def share_tied_tensors(state_dict: dict[str, torch.Tensor], model: torch.nn.Module) -> dict[str, torch.Tensor]:
     """Make the tied names of a gathered state dict one tensor again, in place. FSDP gathers each name on its own, so
     `lm_head.weight` and `model.shared.weight` arrive as two equal tensors that `save_pretrained` would both store;
     aliased, it stores the shared one once, as a single-process save does. Names whose tensors differ are left
     alone."""
-    tied = getattr(model, "all_tied_weights_keys", None) or {}
-    for target, source in tied.items():
+    for target, source in tied_names(model).items():
         if target in state_dict and source in state_dict and state_dict[target] is not state_dict[source]:
             if state_dict[target].shape == state_dict[source].shape and torch.equal(
                 state_dict[target], state_dict[source]

@@ -10,6 +10,7 @@ import os
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 
 import numpy as np
 import torch
@@ -29,6 +30,7 @@ from .batching import TokenBatchingSeq2SeqTrainer
 from .checkpointing import load_trained_model
 from .configuration_vanilla_transformer import VanillaTransformerConfig
 from .modeling_vanilla_transformer import VanillaTransformerForConditionalGeneration
+from .process_group import init_cpu_process_group
 from .sharding import (
     ParallelismReportCallback,
     check_parallelism_can_run,
@@ -36,6 +38,7 @@ from .sharding import (
     load_full_state_dict_checkpoint,
     model_class_unwrapped,
     share_tied_tensors,
+    tied_names,
 )
 from .time_budget import (
     BudgetProgressCallback,
@@ -283,6 +286,11 @@ class TranslationTrainingArguments(Seq2SeqTrainingArguments):
         if self.max_train_minutes is not None:
             check_scheduler(self.lr_scheduler_type, self.lr_scheduler_kwargs)
 
+    @cached_property
+    def _setup_devices(self) -> torch.device:
+        init_cpu_process_group(self)  # so that --ddp_timeout holds on CPU too (transformers 5.24 drops it there)
+        return super()._setup_devices
+
 
 def training_defaults(preset: str) -> dict:
     """The training-argument defaults a preset brings (applied unless the flag is given)."""
@@ -467,6 +475,14 @@ class TranslationTrainer(TokenBatchingSeq2SeqTrainer):
             return
         super()._load_from_checkpoint(resume_from_checkpoint, model)
 
+    def _issue_warnings_after_load(self, load_result) -> None:
+        # transformers 5.24's Trainer resumes with torch's load_state_dict, which reports missing every name that the
+        # checkpoint stores once: the shared embedding's names under the stacks and the tied lm_head. They are loaded
+        # with the name they alias; only a name whose tensor was not loaded under any name is missing.
+        aliases, missing = tied_names(self.model), set(load_result.missing_keys)
+        missing = [name for name in load_result.missing_keys if aliases.get(name, name) in missing]
+        super()._issue_warnings_after_load(load_result._replace(missing_keys=missing))
+
 
 def build_trainer(
     model: PreTrainedModel,
@@ -569,7 +585,7 @@ def save_averaged_model(checkpoints: Sequence[str], output_dir: str) -> PreTrain
     if unexpected:
         raise ValueError(f"the checkpoints hold tensors the model does not have: {unexpected[:5]}")
     # tied weights (lm_head = the shared embedding) are stored once, so their other names are the only ones missing
-    untied = set(missing) - set(getattr(model, "_tied_weights_keys", None) or {})
+    untied = set(missing) - tied_names(model).keys()
     if untied:
         raise ValueError(f"the checkpoints lack tensors of the model: {sorted(untied)[:5]}")
     os.makedirs(output_dir, exist_ok=True)

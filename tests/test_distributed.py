@@ -1,0 +1,201 @@
+"""Several processes on the defaults, with the shapes users have: the demo corpus's batches of 64 pairs of mixed
+length (which the trainer runs in length chunks), token batches and gradient accumulation, under DDP and FSDP2 on 2
+CPU processes; two "machines" on localhost; and a mismatch between processes failing in seconds instead of hanging.
+
+Every launch runs with a short process-group timeout (`--ddp_timeout`) and a subprocess timeout, so that processes
+that stop agreeing end the test with an error, not by CI's limit.
+"""
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+import transformers
+from conftest import ROOT, TINY_OVERRIDES, free_port, load_script, script_env
+from safetensors.torch import load_file
+
+from vanilla_transformer.data import demo_corpus
+from vanilla_transformer.tokenizer import iterate_texts, train_tokenizer
+
+train_script = load_script("train")
+
+PROCESS_GROUP_TIMEOUT = "30"  # seconds a collective may wait for the other process (transformers' ddp_timeout)
+LAUNCH_TIMEOUT = 240  # seconds for a whole launch: far above a run's ~15 s, far below CI's limit
+
+FSDP_LAUNCH = [
+    *("--use_fsdp", "--fsdp_version", "2", "--fsdp_auto_wrap_policy", "TRANSFORMER_BASED_WRAP"),
+    *("--fsdp_transformer_layer_cls_to_wrap", "EncoderLayer,DecoderLayer", "--fsdp_state_dict_type", "FULL_STATE_DICT"),
+    *("--fsdp_reshard_after_forward", "true"),
+]
+DDP_LAUNCH = ["--multi_gpu"]
+TOKENS_ACCUMULATION = ["--max_tokens_per_batch", "1024", "--gradient_accumulation_steps", "2"]
+WRAP_LAYERS = '{"transformer_layer_cls_to_wrap": ["EncoderLayer", "DecoderLayer"]}'
+TRANSFORMERS_FSDP = ["--fsdp", "full_shard auto_wrap", "--fsdp_config", WRAP_LAYERS]
+
+# Runs train.py's main() and records, per process, how many length chunks each training batch was run in.
+# MISMATCH=1 takes the processes' agreement away: each then chunks its own batch as it alone would choose.
+LAUNCHER = """
+import importlib.util, json, os, sys
+import vanilla_transformer.batching as batching
+
+spec = importlib.util.spec_from_file_location("train_script", sys.argv[1])
+train_script = sys.modules["train_script"] = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(train_script)
+
+counts, split = [], batching.split_padded_batch
+
+def counting_split(*args, **kwargs):
+    chunks = split(*args, **kwargs)
+    counts.append(len(chunks))
+    return chunks
+
+batching.split_padded_batch = counting_split
+if os.environ.get("MISMATCH"):
+    batching.fewest_chunks_of_all_processes = lambda accelerator: (lambda count: count)
+train_script.main(sys.argv[3:])
+with open(os.path.join(sys.argv[2], f"chunks-{os.environ.get('RANK', '0')}.json"), "w") as f:
+    json.dump(counts, f)
+"""
+
+
+def accelerate_launch(
+    folder, launch_flags: list[str], args: list[str], machines: int = 1, machine_rank: int = 0, port: int = 0, **env
+) -> subprocess.Popen:
+    """Start `accelerate launch <launch_flags> train.py <args>` through LAUNCHER for 2 processes in all: both on
+    this "machine", or one on each of 2."""
+    launcher = folder / "launcher.py"
+    launcher.write_text(LAUNCHER)
+    command = [sys.executable, "-m", "accelerate.commands.launch", "--num_processes", "2"]
+    command += ["--num_machines", str(machines), "--machine_rank", str(machine_rank)]
+    command += ["--main_process_ip", "127.0.0.1", "--main_process_port", str(port or free_port())]
+    command += ["--mixed_precision", "no", "--dynamo_backend", "no", *launch_flags, str(launcher)]
+    command += [str(ROOT / "scripts" / "train.py"), str(folder), *args, "--ddp_timeout", PROCESS_GROUP_TIMEOUT]
+    return subprocess.Popen(
+        command,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env={**script_env(folder), **env},
+    )
+
+
+def finish(process: subprocess.Popen) -> tuple[int, str]:
+    """(return code, output) of a launch; a launch still running after LAUNCH_TIMEOUT fails the test as a hang."""
+    try:
+        output, _ = process.communicate(timeout=LAUNCH_TIMEOUT)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        output, _ = process.communicate()
+        pytest.fail(f"the launch hung for {LAUNCH_TIMEOUT} s:\n{output[-3000:]}")
+    return process.returncode, output
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tmp_path_factory) -> str:
+    path = str(tmp_path_factory.mktemp("tokenizer"))
+    train_tokenizer(iterate_texts(demo_corpus()["train"], "de", "en"), vocab_size=400).save_pretrained(path)
+    return path
+
+
+def demo_args(output_dir, tokenizer: str, *extra: str) -> list[str]:
+    """The demo's defaults (small preset, 64 pairs of mixed length per process, dropout) for 24 steps."""
+    return [
+        *("--output_dir", str(output_dir), "--tokenizer_name", tokenizer, "--do_train", "--max_steps", "24"),
+        *("--max_train_samples", "4000", "--logging_steps", "8", "--disable_tqdm", "true", "--report_to", "none"),
+        *extra,
+    ]
+
+
+@pytest.mark.parametrize(
+    "launch_flags, extra",
+    [
+        pytest.param(FSDP_LAUNCH, [], id="fsdp2-sentence-batches"),
+        pytest.param(FSDP_LAUNCH, TOKENS_ACCUMULATION, id="fsdp2-tokens-accumulation"),
+        pytest.param(DDP_LAUNCH, ["--gradient_accumulation_steps", "2"], id="ddp-sentence-batches-accumulation"),
+        pytest.param(DDP_LAUNCH, TRANSFORMERS_FSDP, id="transformers-fsdp-flags"),
+    ],
+)
+def test_several_processes_train_the_demo_batches_on_the_defaults(tmp_path, tokenizer, launch_flags, extra):
+    args = demo_args(tmp_path / "out", tokenizer, *extra)
+    code, output = finish(accelerate_launch(tmp_path, launch_flags, args))
+    assert code == 0, output[-3000:]
+    assert "over 2 processes, gloo" in output
+    state = json.loads((tmp_path / "out" / "trainer_state.json").read_text())
+    assert state["global_step"] == 24
+    counts = [json.loads((tmp_path / f"chunks-{rank}.json").read_text()) for rank in (0, 1)]
+    # both processes ran every micro-batch in the same number of chunks, and the real batches did get split
+    # (with accumulation, an epoch's last step may have fewer micro-batches)
+    accumulation = 2 if "--gradient_accumulation_steps" in extra else 1
+    assert counts[0] == counts[1] and 24 <= len(counts[0]) <= 24 * accumulation
+    if "--max_tokens_per_batch" not in extra:
+        assert max(counts[0]) > 1, counts[0]
+
+
+def test_processes_that_disagree_fail_in_seconds_instead_of_hanging(tmp_path, tokenizer):
+    """Without the agreement each process chunks its own batch: FSDP2's gathers stop matching, and the process-group
+    timeout turns what used to be a silent hang into an error."""
+    args = demo_args(tmp_path / "out", tokenizer)
+    code, output = finish(accelerate_launch(tmp_path, FSDP_LAUNCH, args, MISMATCH="1"))
+    assert code != 0
+    assert "timed out" in output.lower() or "timeout" in output.lower(), output[-3000:]
+
+
+def tiny_args(output_dir, per_device_batch: int) -> list[str]:
+    """6 steps of a tiny model without dropout on demo pairs, the tokenizer trained by the run itself (rank 0)."""
+    return [
+        *("--output_dir", str(output_dir), "--do_train", "--seed", "7", "--vocab_size", "300"),
+        *("--max_train_samples", "256", "--per_device_train_batch_size", str(per_device_batch), "--max_steps", "6"),
+        *("--warmup_steps", "2", "--learning_rate", "1e-2", "--save_strategy", "no"),
+        *("--config_overrides", TINY_OVERRIDES + ",dropout=0.0", "--disable_tqdm", "true", "--report_to", "none"),
+    ]
+
+
+@pytest.fixture(scope="module")
+def single_process_run(tmp_path_factory) -> dict[str, torch.Tensor]:
+    """The weights of one process trained on the global batch of the two-machine runs (2 x 16 pairs)."""
+    out = tmp_path_factory.mktemp("single") / "out"
+    train_script.main(tiny_args(out, 32) + ["--threads", "1"])
+    return load_file(str(out / "model.safetensors"))
+
+
+@pytest.mark.parametrize("launch_flags", [DDP_LAUNCH, FSDP_LAUNCH], ids=["ddp", "fsdp2"])
+def test_two_machines_on_localhost_train_like_one_process(tmp_path, launch_flags, single_process_run):
+    """`accelerate launch --num_machines 2 --machine_rank 0|1`, one process on each "machine", a shared output folder:
+    the second machine waits for the tokenizer that global rank 0 trains, and the result equals one process trained
+    on the same global batch."""
+    port, out = free_port(), tmp_path / "out"
+    machines = []
+    for rank in (0, 1):
+        folder = tmp_path / f"machine-{rank}"
+        folder.mkdir()
+        machines.append(accelerate_launch(folder, launch_flags, tiny_args(out, 16), 2, rank, port))
+    results = [finish(machine) for machine in machines]
+    for code, output in results:
+        assert code == 0, output[-3000:]
+    assert "over 2 processes, gloo" in results[0][1]
+    saved = load_file(str(out / "model.safetensors"))
+    assert saved.keys() == single_process_run.keys()
+    # the gradients of the two halves are summed in another order than one process sums them (see test_sharding)
+    for name, tensor in saved.items():
+        torch.testing.assert_close(tensor, single_process_run[name], rtol=0.0, atol=1e-3, msg=name)
+
+
+def test_transformers_still_drops_the_process_group_timeout_on_cpu(tmp_path, monkeypatch):
+    """vanilla_transformer/process_group.py works around transformers 5.24, whose TrainingArguments give Accelerate
+    the ddp_timeout only for accelerator devices. When this fails, transformers passes it on CPU too: remove the
+    workaround."""
+    given = {}
+
+    class Stop(Exception):
+        pass
+
+    def record(**kwargs):
+        given.update(kwargs)
+        raise Stop
+
+    monkeypatch.setattr(transformers.training_args, "PartialState", record)
+    with pytest.raises(Stop):  # the arguments set the devices up as they are made
+        transformers.TrainingArguments(output_dir=str(tmp_path), use_cpu=True, ddp_timeout=30, report_to="none")
+    assert given.get("cpu") and "timeout" not in given

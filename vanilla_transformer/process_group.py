@@ -1,0 +1,39 @@
+"""Workaround for transformers 5.24: ``--ddp_timeout`` is ignored by CPU processes.
+
+``TrainingArguments._setup_devices`` (transformers 5.24) gives Accelerate's ``PartialState`` the process-group timeout
+(``ddp_timeout``) only for accelerator devices; with ``use_cpu`` or ``ACCELERATE_USE_CPU`` (every CPU launch, see
+``training.use_cpu_if_no_accelerator``) the gloo group gets torch's default of 30 minutes. Processes that stop
+agreeing then wait half an hour instead of failing with an error. ``init_cpu_process_group`` starts the group itself,
+with the timeout, before transformers sets the devices up; Accelerate then finds it started and uses it.
+
+tests/test_distributed.py checks that transformers still drops the timeout (remove this module when it fails) and that
+a mismatch between two CPU processes ends in seconds.
+"""
+
+from __future__ import annotations
+
+import os
+from datetime import timedelta
+
+import torch
+from transformers import TrainingArguments
+from transformers.utils import strtobool
+
+
+def init_cpu_process_group(args: TrainingArguments) -> bool:
+    """Start the default process group of a multi-process CPU launch with ``args.ddp_timeout``, unless it is already
+    started, the launch is not a multi-process one (torchrun's or ``accelerate launch``'s environment), or it uses
+    accelerators or DeepSpeed (there transformers passes the timeout itself). Returns True when it started it."""
+    launched = int(os.environ.get("WORLD_SIZE", "1")) > 1 and "MASTER_ADDR" in os.environ
+    on_cpu = args.use_cpu or strtobool(os.environ.get("ACCELERATE_USE_CPU", "false"))
+    if not (launched and on_cpu) or args.deepspeed or not torch.distributed.is_available():
+        return False
+    if torch.distributed.is_initialized():
+        return False
+    torch.distributed.init_process_group(
+        backend=args.ddp_backend or "gloo",
+        timeout=timedelta(seconds=args.ddp_timeout),
+        rank=int(os.environ["RANK"]),
+        world_size=int(os.environ["WORLD_SIZE"]),
+    )
+    return True
