@@ -267,7 +267,9 @@ class TranslationTrainingArguments(Seq2SeqTrainingArguments):
         metadata={
             "help": "CPU threads for PyTorch. Default: one per physical core that is idle when training starts (all "
             "of them on an idle machine), so that a machine shared with other work does not slow training down "
-            "many-fold; OMP_NUM_THREADS is respected too."
+            "many-fold (only the CPUs this process may use count: affinity, cgroup quota); a run resumed from a "
+            "checkpoint takes the count saved with it, so that its float sums stay the same; OMP_NUM_THREADS is "
+            "respected too."
         },
     )
     max_train_minutes: float | None = field(
