@@ -65,6 +65,7 @@ from vanilla_transformer.training import (
     implied_defaults,
     make_compute_metrics,
     parse_config_overrides,
+    recorded_threads,
     set_cpu_threads,
     training_defaults,
     use_cpu_if_no_accelerator,
@@ -292,14 +293,12 @@ def main(argv: list[str] | None = None, callbacks=None) -> dict:
     transformers.utils.logging.set_verbosity(log_level)
     is_main = training_args.process_index == 0
     set_seed(training_args.seed)
-    try:
-        threads = set_cpu_threads(training_args.threads)
-    except ValueError as error:
-        raise SystemExit(f"train.py: error: {error}") from None
 
     # Everything that can be wrong with the arguments or the data is found here, before any training.
     try:
         checkpoint = resolve_checkpoint(training_args)
+        # a resumed run keeps the thread count of the run it continues (recorded in the checkpoint): the same sums
+        threads = set_cpu_threads(training_args.threads, recorded_threads(checkpoint))
         raw, source_lang, target_lang = data_args.load(cache_dir=model_args.cache_dir)
         for flag, split in (("--do_train", "train"), ("--do_eval", "validation"), ("--do_predict", "test")):
             wanted = getattr(training_args, flag[2:])

@@ -413,6 +413,43 @@ def test_push_to_hub_round_trip_through_a_local_hub(checkpoint, fresh_python, tm
         assert ("HEAD", f"/{REPO_ID}/resolve/{repo.head}/model.safetensors", 200) in hub.requests
 
 
+# Run with the package: save_pretrained(push_to_hub=True) of the model, as a transformers user pushes one.
+SAVE_AND_PUSH = r"""
+import sys
+from vanilla_transformer import VanillaTransformerForConditionalGeneration
+
+model_dir, out_dir, repo_id = sys.argv[1:]
+model = VanillaTransformerForConditionalGeneration.from_pretrained(model_dir)
+model.save_pretrained(out_dir, push_to_hub=True, repo_id=repo_id, private=True, commit_message="Saved and pushed")
+"""
+
+
+def test_save_pretrained_with_push_to_hub_uploads_the_pipeline_file(checkpoint, tmp_path):
+    """config.json declares custom_pipelines, so the pushed repo holds the pipeline's file: transformers uploads
+    before save_pretrained returns, and the file is copied into the folder before that upload."""
+    script, out_dir = tmp_path / "save_and_push.py", tmp_path / "pushed"
+    script.write_text(SAVE_AND_PUSH)
+    with LocalHub(token=TOKEN, lifetime_s=2 * SUBPROCESS_TIMEOUT_S) as hub:
+        overrides = {"HF_ENDPOINT": hub.endpoint, "HF_HUB_OFFLINE": "0", "HF_TOKEN": TOKEN}
+        push = subprocess.run(
+            [sys.executable, str(script), str(checkpoint.path), str(out_dir), REPO_ID],
+            env=subprocess_env(tmp_path / "push_home", **overrides),
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=SUBPROCESS_TIMEOUT_S,
+        )
+        assert push.returncode == 0, push.stderr[-4000:]
+        repo, files = hub.repos[REPO_ID], hub.files(REPO_ID)
+    assert repo.private and repo.messages[repo.head] == "Saved and pushed"  # save_pretrained's arguments still apply
+    assert json.loads(files["config.json"])["custom_pipelines"]["translation"]["impl"].startswith(
+        "pipeline_vanilla_transformer."
+    )
+    package_pipeline = Path(vanilla_transformer.__file__).with_name("pipeline_vanilla_transformer.py").read_bytes()
+    assert files.get("pipeline_vanilla_transformer.py") == package_pipeline
+    assert files == {p.name: p.read_bytes() for p in out_dir.iterdir()}  # the folder as saved, all of it
+
+
 @pytest.mark.parametrize(
     "files, message",
     [

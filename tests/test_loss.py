@@ -8,6 +8,7 @@ import functools
 import pytest
 import torch
 from conftest import tiny_model
+from torch.utils._python_dispatch import TorchDispatchMode
 from transformers import Seq2SeqTrainer, Seq2SeqTrainingArguments
 from transformers.trainer_pt_utils import LabelSmoother
 
@@ -103,6 +104,33 @@ def test_linear_cross_entropy_equals_the_loss_of_the_logits(epsilon, rows, monke
     assert grads[0][0, 2:].abs().max() == 0  # -100 positions get no gradient
     with torch.no_grad():  # forward only: the same value
         torch.testing.assert_close(linear_cross_entropy(hidden, weight, labels, epsilon, 40), expected)
+
+
+class _CountProducts(TorchDispatchMode):
+    """Counts the matrix products (mm, addmm and their in-place and out= forms) run under it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.products = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.products += func.overloadpacket in (torch.ops.aten.mm, torch.ops.aten.addmm, torch.ops.aten.addmm_)
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("no_grad", [torch.no_grad, torch.inference_mode])
+def test_linear_cross_entropy_without_grad_computes_the_loss_alone(no_grad, monkeypatch):
+    """Under no_grad the weight and hidden states still require grad, but no gradient is wanted: one product per block
+    of 4 positions (the logits), not three, and the same loss."""
+    monkeypatch.setattr(loss_vanilla_transformer, "_ROWS", 4)
+    hidden, weight, labels = hidden_weight_and_labels()
+    blocks = -(-int((labels != -100).sum()) // 4)
+    with _CountProducts() as with_grad:
+        expected = linear_cross_entropy(hidden, weight, labels, 0.1)
+    with no_grad(), _CountProducts() as without_grad:
+        loss = linear_cross_entropy(hidden, weight, labels, 0.1)
+    assert with_grad.products == 3 * blocks and without_grad.products == blocks
+    torch.testing.assert_close(loss, expected.detach(), rtol=0, atol=0)
 
 
 @pytest.mark.parametrize("epsilon", [0.0, 0.1])

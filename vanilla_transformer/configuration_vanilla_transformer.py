@@ -1,6 +1,8 @@
 """Configuration of the "Attention Is All You Need" Transformer (Vaswani et al., 2017). Copied into every checkpoint
 (``trust_remote_code``), so it imports only transformers and huggingface_hub (a dependency of transformers)."""
 
+import os
+import shutil
 from dataclasses import fields
 from functools import wraps
 from typing import Literal, get_args, get_origin
@@ -20,6 +22,15 @@ HUB_AUTO_MAP = {
 }
 PIPELINE = "pipeline_vanilla_transformer.VanillaTransformerTranslationPipeline"
 HUB_CUSTOM_PIPELINES = {"translation": {"impl": PIPELINE, "pt": ["AutoModelForSeq2SeqLM"], "type": "text"}}
+
+
+def save_pipeline_code(save_directory: str | os.PathLike) -> None:
+    """Copies the file of the pipeline that every config.json declares (``PIPELINE`` in ``custom_pipelines``) from
+    beside this file into a saved folder, so that the folder serves ``pipeline(..., trust_remote_code=True)``. Where
+    this file runs from a checkpoint's code that lacks it, nothing is copied."""
+    source = os.path.join(os.path.dirname(os.path.abspath(__file__)), PIPELINE.split(".")[0] + ".py")
+    if os.path.isfile(source):
+        shutil.copy(source, save_directory)  # copy, not copy2: a fresh mtime marks it modified for an upload
 
 
 def _value_errors(cls):

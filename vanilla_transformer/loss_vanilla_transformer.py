@@ -89,11 +89,20 @@ class LinearCrossEntropy(torch.autograd.Function):
     Training needs no logits, only the loss and these two gradients, so this saves the two largest tensors of the
     step (the logits and their gradient, positions × vocabulary each) and the time to fill them from fresh memory.
     The products are the three the unfused path computes; the weight's gradient is accumulated block by block.
+
+    ``grad_enabled``: whether the caller's grad mode was on (``torch.is_grad_enabled()`` before ``apply``). Inside
+    ``forward`` grad mode is always off, and ``ctx.needs_input_grad`` says True under ``torch.no_grad()`` too, so the
+    caller tells: when False only the loss is computed (one product per block instead of three, no gradient buffers).
     """
 
     @staticmethod
     def forward(
-        ctx, hidden_states: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor, label_smoothing: float
+        ctx,
+        hidden_states: torch.Tensor,
+        weight: torch.Tensor,
+        labels: torch.Tensor,
+        label_smoothing: float,
+        grad_enabled: bool = True,
     ) -> torch.Tensor:
         # hidden_states: (positions, d_model), weight: (vocab, d_model), labels: (positions,)
         device = hidden_states.device.type
@@ -104,7 +113,7 @@ class LinearCrossEntropy(torch.autograd.Function):
             labelled = labels != -100
             targets = labels.masked_fill(~labelled, 0)
             sum_dtype = torch.promote_types(dtype, torch.float32)
-            need_grad = ctx.needs_input_grad[0] or ctx.needs_input_grad[1]
+            need_grad = grad_enabled and (ctx.needs_input_grad[0] or ctx.needs_input_grad[1])
             grad_hidden = torch.empty_like(hidden) if need_grad else None
             grad_weight = None
             total = torch.zeros((), dtype=sum_dtype, device=hidden.device)
@@ -139,9 +148,9 @@ class LinearCrossEntropy(torch.autograd.Function):
 
     @staticmethod
     @torch.autograd.function.once_differentiable
-    def backward(ctx, grad_output: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, None, None]:
+    def backward(ctx, grad_output: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, None, None, None]:
         grad_hidden, grad_weight = ctx.gradients
-        return (grad_hidden * grad_output).to(ctx.hidden_dtype), grad_weight * grad_output, None, None
+        return (grad_hidden * grad_output).to(ctx.hidden_dtype), grad_weight * grad_output, None, None, None
 
 
 def _check(labels: torch.Tensor, positions: torch.Size, label_smoothing: float) -> None:
@@ -187,7 +196,8 @@ def linear_cross_entropy(
     num_items_in_batch: int | torch.Tensor | None = None,
 ) -> torch.Tensor:
     """``token_cross_entropy(hidden_states @ weight.T, labels, ...)`` without the logits (``LinearCrossEntropy``), over
-    the labelled positions only.
+    the labelled positions only. Under ``torch.no_grad()`` (or inference mode) it computes the loss alone, without
+    the two gradient products.
 
     hidden_states: (batch, length, d_model); weight: (vocab, d_model); labels: (batch, length).
     """
@@ -196,5 +206,6 @@ def linear_cross_entropy(
     # positions labelled -100 (padding) add nothing to the loss: their logits are not even computed
     labelled = labels != -100
     hidden_states, labels = hidden_states.flatten(0, 1)[labelled], labels[labelled]
-    loss = LinearCrossEntropy.apply(hidden_states, weight, labels, float(label_smoothing))
+    # grad mode is off inside the Function's forward, so it is read here
+    loss = LinearCrossEntropy.apply(hidden_states, weight, labels, float(label_smoothing), torch.is_grad_enabled())
     return _mean(loss, labels, num_items_in_batch)

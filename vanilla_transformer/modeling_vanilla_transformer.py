@@ -5,8 +5,6 @@ imports only torch, transformers and its sibling configuration file.
 """
 
 import math
-import os
-import shutil
 from collections.abc import Callable
 
 import torch
@@ -32,7 +30,7 @@ from transformers.utils.deprecation import deprecate_kwarg
 from transformers.utils.generic import merge_with_config_defaults
 from transformers.utils.output_capturing import OutputRecorder, capture_outputs
 
-from .configuration_vanilla_transformer import VanillaTransformerConfig
+from .configuration_vanilla_transformer import VanillaTransformerConfig, save_pipeline_code
 from .input_checks_vanilla_transformer import check_inputs
 from .loss_vanilla_transformer import linear_cross_entropy, token_cross_entropy
 
@@ -366,12 +364,14 @@ class VanillaTransformerPreTrainedModel(PreTrainedModel):
             init.zeros_(module.bias)
 
     def save_pretrained(self, save_directory, *args, **kwargs) -> None:
-        """As in transformers, plus the translation pipeline's source file, which config.json declares
-        (``custom_pipelines``): a checkpoint then serves ``pipeline(..., trust_remote_code=True)`` on its own."""
+        """As in transformers, plus the translation pipeline's file that config.json declares (``custom_pipelines``)."""
         super().save_pretrained(save_directory, *args, **kwargs)
-        pipeline_code = os.path.join(os.path.dirname(os.path.abspath(__file__)), "pipeline_vanilla_transformer.py")
-        if os.path.isfile(pipeline_code) and kwargs.get("is_main_process", True):
-            shutil.copy(pipeline_code, save_directory)
+        if kwargs.get("is_main_process", True):
+            save_pipeline_code(save_directory)
+
+    def _upload_modified_files(self, working_dir, *args, **kwargs):  # transformers 5.24 pushes a save from here,
+        save_pipeline_code(working_dir)  # before save_pretrained(push_to_hub=True) returns: the pipeline file goes too
+        return super()._upload_modified_files(working_dir, *args, **kwargs)
 
 
 class Encoder(VanillaTransformerPreTrainedModel):
