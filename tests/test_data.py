@@ -1,6 +1,7 @@
 """Data for translation: the demo corpus, loading JSON lines / TSV / datasets, validation, tokenisation."""
 
 import json
+import os
 import re
 
 import pytest
@@ -181,6 +182,17 @@ def test_long_pairs_are_dropped_and_counted_never_truncated(capsys):
 
     with pytest.raises(DataError, match="every pair is longer"):
         tokenize_splits(raw, tokenizer, "de", "en", max_source_length=1, max_target_length=1, print_fn=None)
+
+
+def test_tokenizing_in_one_process_stays_in_this_process_and_leaves_the_environment_alone():
+    """train.py passes its default of one worker; datasets 5.2 would start a pool for it and replace os.environ by a
+    copy, so that a variable set before (a test's monkeypatch, a launcher's settings) outlived its removal."""
+    environment = os.environ
+    raw = DatasetDict({"train": Dataset.from_dict({"translation": [{"de": "eins", "en": "one"}] * 8})})
+    tokenizer = train_tokenizer(["eins zwei drei", "one two three"] * 5, vocab_size=300)
+    tokenized = tokenize_splits(raw, tokenizer, "de", "en", 8, 8, num_proc=1, print_fn=None)
+    assert len(tokenized["train"]) == 8
+    assert os.environ is environment
 
 
 def test_a_restart_loads_the_tokenized_splits_from_the_cache(tmp_path, monkeypatch):

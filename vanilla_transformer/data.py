@@ -497,6 +497,9 @@ def tokenize_splits(
             for source, target in zip(batch["input_ids"], batch["labels"])
         ]
 
+    # datasets 5.2 starts a pool of worker processes for any num_proc >= 1, and replaces os.environ by a copy while
+    # doing so (arrow_dataset.py: `os.environ = prev_env`): one process is the in-process path, num_proc=None
+    num_proc = num_proc if num_proc is not None and num_proc > 1 else None
     tokenizer_hash = tokenizer_fingerprint(tokenizer)
     tokenized = DatasetDict()
     for split, dataset in raw.items():
