@@ -61,7 +61,14 @@ with open(os.path.join(sys.argv[2], f"chunks-{os.environ.get('RANK', '0')}.json"
 
 
 def accelerate_launch(
-    folder, launch_flags: list[str], args: list[str], machines: int = 1, machine_rank: int = 0, port: int = 0, **env
+    folder,
+    launch_flags: list[str],
+    args: list[str],
+    machines: int = 1,
+    machine_rank: int = 0,
+    port: int = 0,
+    timeout: str = PROCESS_GROUP_TIMEOUT,
+    **env,
 ) -> subprocess.Popen:
     """Start `accelerate launch <launch_flags> train.py <args>` through LAUNCHER for 2 processes in all: both on
     this "machine", or one on each of 2."""
@@ -71,7 +78,7 @@ def accelerate_launch(
     command += ["--num_machines", str(machines), "--machine_rank", str(machine_rank)]
     command += ["--main_process_ip", "127.0.0.1", "--main_process_port", str(port or free_port())]
     command += ["--mixed_precision", "no", "--dynamo_backend", "no", *launch_flags, str(launcher)]
-    command += [str(ROOT / "scripts" / "train.py"), str(folder), *args, "--ddp_timeout", PROCESS_GROUP_TIMEOUT]
+    command += [str(ROOT / "scripts" / "train.py"), str(folder), *args, "--ddp_timeout", timeout]
     return subprocess.Popen(
         command,
         stdout=subprocess.PIPE,
@@ -137,9 +144,9 @@ def test_several_processes_train_the_demo_batches_on_the_defaults(tmp_path, toke
 
 def test_processes_that_disagree_fail_in_seconds_instead_of_hanging(tmp_path, tokenizer):
     """Without the agreement each process chunks its own batch: FSDP2's gathers stop matching, and the process-group
-    timeout turns what used to be a silent hang into an error."""
+    timeout (10 s here) turns what used to be a silent hang into an error."""
     args = demo_args(tmp_path / "out", tokenizer)
-    code, output = finish(accelerate_launch(tmp_path, FSDP_LAUNCH, args, MISMATCH="1"))
+    code, output = finish(accelerate_launch(tmp_path, FSDP_LAUNCH, args, timeout="10", MISMATCH="1"))
     assert code != 0
     assert "timed out" in output.lower() or "timeout" in output.lower(), output[-3000:]
 
