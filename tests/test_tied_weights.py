@@ -1,4 +1,4 @@
-"""Tied weights (issue 23): the token embedding that serves both stacks, and the pre-softmax projection tied to it
+"""Tied weights: the token embedding that serves both stacks, and the pre-softmax projection tied to it
 (§3.4), load, reload and resume without missing keys, without a parameter left on the meta device, and still tied."""
 
 import contextlib
