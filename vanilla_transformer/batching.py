@@ -320,8 +320,9 @@ def split_padded_batch(
     source_lengths = _last_position(inputs["attention_mask"] != 0).tolist()
     target_lengths = _last_position(inputs["labels"] != -100).tolist()
     chunks = length_chunks(source_lengths, target_lengths)
-    if agree is not None:
-        chunks = length_chunks(source_lengths, target_lengths, parts=agree(len(chunks)))
+    agreed = len(chunks) if agree is None else agree(len(chunks))
+    if agreed != len(chunks):
+        chunks = length_chunks(source_lengths, target_lengths, parts=agreed)
     if len(chunks) == 1:
         return [inputs]
     split = []
