@@ -371,6 +371,18 @@ def test_loads_and_translates_without_the_package(checkpoint, fresh_python, tmp_
     assert_same_translations(loaded, checkpoint)
 
 
+def push_to_local_hub(args: list[str], tmp_path: Path, overrides: dict[str, str]) -> subprocess.CompletedProcess:
+    """Run a Python script (`args`: its path and arguments) that pushes to the local Hub named by `overrides`."""
+    return subprocess.run(
+        [sys.executable, *args],
+        env=subprocess_env(tmp_path / "push_home", **overrides),
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=SUBPROCESS_TIMEOUT_S,
+    )
+
+
 def test_push_to_hub_round_trip_through_a_local_hub(checkpoint, fresh_python, tmp_path):
     model_dir = tmp_path / "toy-en-de"
     shutil.copytree(checkpoint.path, model_dir)
@@ -380,14 +392,11 @@ def test_push_to_hub_round_trip_through_a_local_hub(checkpoint, fresh_python, tm
     (model_dir / "optimizer.pt").write_bytes(b"optimizer state")
     with LocalHub(token=TOKEN, lifetime_s=4 * SUBPROCESS_TIMEOUT_S) as hub:
         overrides = {"HF_ENDPOINT": hub.endpoint, "HF_HUB_OFFLINE": "0", "HF_TOKEN": TOKEN}
-        push = subprocess.run(
-            [sys.executable, str(ROOT / "scripts" / "push_to_hub.py"), "--model_dir", str(model_dir)]
+        push = push_to_local_hub(
+            [str(ROOT / "scripts" / "push_to_hub.py"), "--model_dir", str(model_dir)]
             + ["--repo_id", REPO_ID, "--private", "--commit_message", "First upload"],
-            env=subprocess_env(tmp_path / "push_home", **overrides),
-            cwd=tmp_path,
-            capture_output=True,
-            text=True,
-            timeout=SUBPROCESS_TIMEOUT_S,
+            tmp_path,
+            overrides,
         )
         assert push.returncode == 0, push.stderr[-4000:]
         repo = hub.repos[REPO_ID]
@@ -431,14 +440,7 @@ def test_save_pretrained_with_push_to_hub_uploads_the_pipeline_file(checkpoint, 
     script.write_text(SAVE_AND_PUSH)
     with LocalHub(token=TOKEN, lifetime_s=2 * SUBPROCESS_TIMEOUT_S) as hub:
         overrides = {"HF_ENDPOINT": hub.endpoint, "HF_HUB_OFFLINE": "0", "HF_TOKEN": TOKEN}
-        push = subprocess.run(
-            [sys.executable, str(script), str(checkpoint.path), str(out_dir), REPO_ID],
-            env=subprocess_env(tmp_path / "push_home", **overrides),
-            cwd=tmp_path,
-            capture_output=True,
-            text=True,
-            timeout=SUBPROCESS_TIMEOUT_S,
-        )
+        push = push_to_local_hub([str(script), str(checkpoint.path), str(out_dir), REPO_ID], tmp_path, overrides)
         assert push.returncode == 0, push.stderr[-4000:]
         repo, files = hub.repos[REPO_ID], hub.files(REPO_ID)
     assert repo.private and repo.messages[repo.head] == "Saved and pushed"  # save_pretrained's arguments still apply
