@@ -34,8 +34,8 @@ from transformers import (  # noqa: E402
 )
 
 from vanilla_transformer import VanillaTransformerConfig, VanillaTransformerForConditionalGeneration  # noqa: E402
-from vanilla_transformer.tokenizer import train_tokenizer  # noqa: E402
-from vanilla_transformer.training import parse_config_overrides  # noqa: E402
+from vanilla_transformer.training.presets import parse_config_overrides  # noqa: E402
+from vanilla_transformer.training.tokenizer import train_tokenizer  # noqa: E402
 
 # the same field names in MarianConfig and VanillaTransformerConfig
 SIZE = {

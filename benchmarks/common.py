@@ -8,7 +8,7 @@ import os
 import sacrebleu
 import torch
 
-from vanilla_transformer.training import translate
+from vanilla_transformer.inference.translate import translate
 
 
 def corpus_files(data_dir: str) -> dict[str, str]:

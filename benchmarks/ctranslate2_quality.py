@@ -24,8 +24,8 @@ import sacrebleu
 import torch
 from transformers import HfArgumentParser
 
-from vanilla_transformer.ctranslate2_export import export_ctranslate2, load_ctranslate2_translator
-from vanilla_transformer.training import load_translator, translate
+from vanilla_transformer.inference.ctranslate2 import export_ctranslate2, load_ctranslate2_translator
+from vanilla_transformer.inference.translate import load_translator, translate
 
 
 @dataclass
@@ -43,7 +43,7 @@ class QualitySettings:
 
 def test_set(settings: QualitySettings) -> tuple[list[str], list[str]]:
     if settings.data_file is None:
-        from vanilla_transformer.data import demo_corpus
+        from vanilla_transformer.training.data import demo_corpus
 
         pairs = demo_corpus()["test"]["translation"]
     else:

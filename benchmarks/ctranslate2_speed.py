@@ -42,7 +42,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from speed import SIZES, model_configs  # noqa: E402
 
 from vanilla_transformer import VanillaTransformerForConditionalGeneration  # noqa: E402
-from vanilla_transformer.ctranslate2_export import export_ctranslate2, require_ctranslate2  # noqa: E402
+from vanilla_transformer.inference.ctranslate2 import export_ctranslate2, require_ctranslate2  # noqa: E402
 
 ENGINES = ("marian", "vanilla", "ct2_float32", "ct2_int8")
 # Targets of d_model 256 / 3+3 layers, beam 4, batches of 16, one thread: at least (tokens/s), at most (memory)

@@ -149,7 +149,7 @@ def prepare_run_translation(args: argparse.Namespace) -> str:
     tokenizer.save_pretrained(marian)
     shutil.copy(os.path.join(args.data_dir, "train.jsonl"), os.path.join(args.output_dir, "train.json"))
     workdir = os.path.join(args.output_dir, "run_translation_workdir")
-    metric = os.path.join(ROOT, "vanilla_transformer", "metrics", "sacrebleu")
+    metric = os.path.join(ROOT, "vanilla_transformer", "training", "metrics", "sacrebleu")
     shutil.copytree(metric, os.path.join(workdir, "sacrebleu"), dirs_exist_ok=True)
     return workdir
 
@@ -194,7 +194,7 @@ def main(argv: list[str] | None = None) -> dict:
     if args.child == "marian":
         train_marian(args)
         return {}
-    from vanilla_transformer.tokenizer import train_tokenizer
+    from vanilla_transformer.training.tokenizer import train_tokenizer
 
     train_file = os.path.join(args.data_dir, "train.jsonl")
     if not os.path.isfile(train_file):

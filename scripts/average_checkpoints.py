@@ -18,8 +18,7 @@ from dataclasses import dataclass, field
 from transformers import HfArgumentParser
 
 import vanilla_transformer  # noqa: F401  (registers the model with the Auto classes)
-from vanilla_transformer.checkpointing import list_checkpoint_folders
-from vanilla_transformer.training import save_averaged_model
+from vanilla_transformer.training.checkpoints import list_checkpoint_folders, save_averaged_model
 
 
 @dataclass

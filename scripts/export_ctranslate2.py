@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 from transformers import HfArgumentParser
 
-from vanilla_transformer.ctranslate2_export import QUANTIZATIONS, export_ctranslate2
+from vanilla_transformer.inference.ctranslate2 import QUANTIZATIONS, export_ctranslate2
 
 
 @dataclass

@@ -16,9 +16,14 @@ from dataclasses import dataclass, field
 
 from transformers import AutoTokenizer, HfArgumentParser
 
-from vanilla_transformer.batching import TokenBatchSampler, padding_efficiency, sentence_batches, sequence_lengths
-from vanilla_transformer.data import DataArguments, DataError, select_samples, tokenize_splits
-from vanilla_transformer.tokenizer import iterate_texts, train_tokenizer
+from vanilla_transformer.training.batching import (
+    TokenBatchSampler,
+    padding_efficiency,
+    sentence_batches,
+    sequence_lengths,
+)
+from vanilla_transformer.training.data import DataArguments, DataError, select_samples, tokenize_splits
+from vanilla_transformer.training.tokenizer import iterate_texts, train_tokenizer
 
 
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):

@@ -18,14 +18,14 @@ from dataclasses import dataclass, field
 from transformers import AutoTokenizer, HfArgumentParser
 
 import vanilla_transformer  # noqa: F401  (registers the model with the Auto classes)
-from vanilla_transformer.checkpointing import load_trained_model
-from vanilla_transformer.plotting import (
+from vanilla_transformer.plots.plotting import (
     model_position_table,
     plot_cross_attention,
     plot_cross_attention_heads,
     plot_positional_encoding,
     translate_with_attention,
 )
+from vanilla_transformer.training.checkpoints import load_trained_model
 
 
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 from transformers import HfArgumentParser
 
-from vanilla_transformer.plotting import find_trainer_state, load_log_history, plot_training_curves
+from vanilla_transformer.plots.plotting import find_trainer_state, load_log_history, plot_training_curves
 
 
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):

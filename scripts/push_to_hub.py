@@ -27,8 +27,8 @@ from huggingface_hub.utils import filter_repo_objects
 from safetensors import SafetensorError
 from transformers import AutoModel, HfArgumentParser
 
-from vanilla_transformer.checkpointing import load_trained_model
-from vanilla_transformer.model_card import CTRANSLATE2_FOLDER, write_model_card
+from vanilla_transformer.hub.model_card import CTRANSLATE2_FOLDER, write_model_card
+from vanilla_transformer.training.checkpoints import load_trained_model
 
 IGNORE_PATTERNS = ["checkpoint-*", "*.pt", "*.pth", ".git/*"]
 
@@ -93,7 +93,7 @@ def files_to_upload(model_dir: str, with_ctranslate2: str | None = None) -> list
 def export_for_upload(model_dir: str, quantization: str) -> str | None:
     """Export `model_dir` to CTranslate2 into its CTRANSLATE2_FOLDER (replacing an older export); return what went
     wrong in one line, or None."""
-    from vanilla_transformer.ctranslate2_export import export_ctranslate2
+    from vanilla_transformer.inference.ctranslate2 import export_ctranslate2
 
     try:
         export_ctranslate2(

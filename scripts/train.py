@@ -43,8 +43,10 @@ from datasets import DatasetDict
 from transformers import AutoTokenizer, HfArgumentParser, set_seed
 
 from vanilla_transformer import VanillaTransformerForConditionalGeneration
-from vanilla_transformer.checkpointing import check_checkpoint, last_complete_checkpoint, load_trained_model
-from vanilla_transformer.data import (
+from vanilla_transformer.training.arguments import TranslationTrainingArguments, implied_defaults
+from vanilla_transformer.training.checkpoints import check_checkpoint, last_complete_checkpoint, load_trained_model
+from vanilla_transformer.training.cpu import busy_cpus, recorded_threads, set_cpu_threads, use_cpu_if_no_accelerator
+from vanilla_transformer.training.data import (
     MIN_ROWS_PER_WORKER,
     DataArguments,
     DataError,
@@ -52,24 +54,17 @@ from vanilla_transformer.data import (
     select_samples,
     tokenize_splits,
 )
-from vanilla_transformer.sharding import describe_parallelism
-from vanilla_transformer.time_budget import UNLIMITED_STEPS, find_time_budget, format_duration
-from vanilla_transformer.tokenizer import check_tokenizer_matches_config, iterate_texts, train_tokenizer
-from vanilla_transformer.training import (
+from vanilla_transformer.training.presets import (
     PRESETS,
-    TranslationTrainingArguments,
     build_config,
-    build_trainer,
-    busy_cpus,
     default_generation_config,
-    implied_defaults,
-    make_compute_metrics,
     parse_config_overrides,
-    recorded_threads,
-    set_cpu_threads,
     training_defaults,
-    use_cpu_if_no_accelerator,
 )
+from vanilla_transformer.training.sharding import describe_parallelism
+from vanilla_transformer.training.time_budget import UNLIMITED_STEPS, find_time_budget, format_duration
+from vanilla_transformer.training.tokenizer import check_tokenizer_matches_config, iterate_texts, train_tokenizer
+from vanilla_transformer.training.trainer import build_trainer, make_compute_metrics
 
 logger = logging.getLogger("train")
 
@@ -415,7 +410,7 @@ def main(argv: list[str] | None = None, callbacks=None) -> dict:
                 f.write("\n".join(lines) + "\n")
 
     if trainer.is_world_process_zero():
-        from vanilla_transformer.model_card import write_model_card
+        from vanilla_transformer.hub.model_card import write_model_card
 
         recipe = training_args
         if training_args.max_steps == UNLIMITED_STEPS:  # the budget's step cap: the card reports the steps trained

@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 
 from transformers import HfArgumentParser
 
-from vanilla_transformer.data import DataArguments, DataError, select_samples
-from vanilla_transformer.tokenizer import iterate_texts, train_tokenizer
+from vanilla_transformer.training.data import DataArguments, DataError, select_samples
+from vanilla_transformer.training.tokenizer import iterate_texts, train_tokenizer
 
 # Data flags that name other splits: the tokenizer learns from the training split only
 NOT_USED = ("validation_file", "test_file", "max_eval_samples", "max_predict_samples")

@@ -27,7 +27,8 @@ import transformers
 from transformers import HfArgumentParser
 
 import vanilla_transformer  # noqa: F401  (registers the model with the Auto classes)
-from vanilla_transformer.training import load_translator, set_cpu_threads, translate
+from vanilla_transformer.inference.translate import load_translator, translate
+from vanilla_transformer.training.cpu import set_cpu_threads
 
 ENGINES = ("transformers", "ctranslate2")
 
@@ -114,7 +115,7 @@ def main(argv: list[str] | None = None) -> None:
             raise ValueError("--compute_type and --inter_threads apply to --engine ctranslate2 only.")
         set_cpu_threads(args.threads)
         if args.engine == "ctranslate2":
-            from vanilla_transformer.ctranslate2_export import load_ctranslate2_translator
+            from vanilla_transformer.inference.ctranslate2 import load_ctranslate2_translator
 
             # "auto": a GPU where CTranslate2 was built with CUDA and one is present, else the CPU
             translator = load_ctranslate2_translator(
@@ -154,7 +155,7 @@ def main(argv: list[str] | None = None) -> None:
             output.close()
     print(f"translated {len(sentences)} sentences in {seconds:.1f} s", file=sys.stderr)
     if references is not None:
-        from vanilla_transformer.metrics import load_metric
+        from vanilla_transformer.training.metrics import load_metric
 
         bleu = load_metric("sacrebleu").compute(predictions=translations, references=references)
         chrf = load_metric("chrf").compute(predictions=translations, references=references)

@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 from transformers import DataCollatorForSeq2Seq, Seq2SeqTrainingArguments
 
 from vanilla_transformer import VanillaTransformerForConditionalGeneration
-from vanilla_transformer.batching import (
+from vanilla_transformer.training.batching import (
     TokenBatchingSeq2SeqTrainer,
     TokenBatchSampler,
     length_chunks,
@@ -445,7 +445,7 @@ def test_trainer_step_in_chunks_gives_the_gradient_of_the_whole_batch(tmp_path, 
 def test_length_chunks_can_be_turned_off_and_several_processes_use_the_agreed_count(tmp_path, one_thread):
     """--length_chunks false runs every batch whole; `agree` (several processes: the fewest chunks any of them chose)
     decides how many chunks a batch is cut into, and is asked even for a batch that cannot be split."""
-    from vanilla_transformer.training import TranslationTrainingArguments
+    from vanilla_transformer.training.arguments import TranslationTrainingArguments
 
     tokenizer = word_tokenizer(WORDS)
     batch = DataCollatorForSeq2Seq(tokenizer, label_pad_token_id=-100)(tokenized_pairs(tokenizer, 32))

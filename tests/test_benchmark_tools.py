@@ -157,7 +157,7 @@ def test_end_to_end_driver_runs_the_official_script_from_a_folder_with_the_metri
     (A stand-in script here: transformers 5's run_translation.py is not available offline.)"""
     from transformers import AutoTokenizer, MarianMTModel
 
-    from vanilla_transformer.tokenizer import train_tokenizer
+    from vanilla_transformer.training.tokenizer import train_tokenizer
 
     end_to_end = load_script("end_to_end", folder="benchmarks")
     data, out = tmp_path / "data", tmp_path / "out"

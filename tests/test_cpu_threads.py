@@ -11,7 +11,7 @@ import torch
 from conftest import TINY_OVERRIDES, load_script
 from transformers import TrainerCallback
 
-from vanilla_transformer import training
+from vanilla_transformer.training import cpu
 
 
 @pytest.fixture(autouse=True)
@@ -19,15 +19,15 @@ def _restore_threads(monkeypatch, tmp_path):
     before = torch.get_num_threads()
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     monkeypatch.delenv("WORLD_SIZE", raising=False)
-    monkeypatch.setattr(training, "CGROUP_CPU_MAX", str(tmp_path / "no-cgroup"), raising=False)  # no quota
+    monkeypatch.setattr(cpu, "CGROUP_CPU_MAX", str(tmp_path / "no-cgroup"), raising=False)  # no quota
     yield
     torch.set_num_threads(before)
 
 
 def cpus(monkeypatch, count: int) -> None:
     """The process may run on CPUs 0..count-1 of a machine of 16."""
-    monkeypatch.setattr(training.os, "sched_getaffinity", lambda pid: set(range(count)))
-    monkeypatch.setattr(training.os, "cpu_count", lambda: 16)
+    monkeypatch.setattr(cpu.os, "sched_getaffinity", lambda pid: set(range(count)))
+    monkeypatch.setattr(cpu.os, "cpu_count", lambda: 16)
 
 
 def stat_line(name: str, busy: int, idle: int) -> str:
@@ -47,45 +47,45 @@ def test_busy_cpus_counts_the_cpus_of_the_process(monkeypatch, tmp_path, affinit
         stat.write_text("".join(stat_line(name, *(t if after else (0, 0))) for name, t in ticks.items()) + "intr 1\n")
 
     write(after=False)
-    monkeypatch.setattr(training, "PROC_STAT", str(stat))
-    monkeypatch.setattr(training.time, "sleep", lambda seconds: write(after=True))
-    monkeypatch.setattr(training.os, "cpu_count", lambda: 4)
+    monkeypatch.setattr(cpu, "PROC_STAT", str(stat))
+    monkeypatch.setattr(cpu.time, "sleep", lambda seconds: write(after=True))
+    monkeypatch.setattr(cpu.os, "cpu_count", lambda: 4)
     if affinity:
-        monkeypatch.setattr(training.os, "sched_getaffinity", lambda pid: {0, 1, 2})
+        monkeypatch.setattr(cpu.os, "sched_getaffinity", lambda pid: {0, 1, 2})
     else:
-        monkeypatch.delattr(training.os, "sched_getaffinity")
-    assert training.busy_cpus() == pytest.approx(1.5 if affinity else 2.5)
+        monkeypatch.delattr(cpu.os, "sched_getaffinity")
+    assert cpu.busy_cpus() == pytest.approx(1.5 if affinity else 2.5)
 
 
 def test_busy_cpus_without_proc_stat_is_zero(monkeypatch, tmp_path):
-    monkeypatch.setattr(training, "PROC_STAT", str(tmp_path / "missing"))
-    assert training.busy_cpus(0.0) == 0.0
+    monkeypatch.setattr(cpu, "PROC_STAT", str(tmp_path / "missing"))
+    assert cpu.busy_cpus(0.0) == 0.0
 
 
 @pytest.mark.parametrize("busy, expected", [(0.1, 4), (0.9, 3), (1.0, 3), (2.2, 2), (3.9, 1), (8.0, 1)])
 def test_only_idle_cores_get_threads(monkeypatch, busy, expected):
-    monkeypatch.setattr(training, "busy_cpus", lambda: busy)
-    monkeypatch.setattr(training.os, "sched_getaffinity", lambda pid: {0, 1, 2, 3})
+    monkeypatch.setattr(cpu, "busy_cpus", lambda: busy)
+    monkeypatch.setattr(cpu.os, "sched_getaffinity", lambda pid: {0, 1, 2, 3})
     torch.set_num_threads(4)  # PyTorch's default on a 4-core machine
-    message = training.set_cpu_threads()
+    message = cpu.set_cpu_threads()
     assert torch.get_num_threads() == expected
     assert ("busy" in message) == (expected < 4)
 
 
 def test_never_more_threads_than_pytorch_would_use(monkeypatch):
-    monkeypatch.setattr(training, "busy_cpus", lambda: 0.0)
+    monkeypatch.setattr(cpu, "busy_cpus", lambda: 0.0)
     cpus(monkeypatch, 8)  # e.g. 4 cores with 2 hyper-threads each
     torch.set_num_threads(4)
-    training.set_cpu_threads()
+    cpu.set_cpu_threads()
     assert torch.get_num_threads() == 4
 
 
 def test_only_the_cpus_the_process_may_run_on(monkeypatch):
     """taskset -c 0 on a machine of 16: one thread, whatever the machine's other CPUs do."""
-    monkeypatch.setattr(training, "busy_cpus", lambda: 0.0)
+    monkeypatch.setattr(cpu, "busy_cpus", lambda: 0.0)
     cpus(monkeypatch, 1)
     torch.set_num_threads(4)
-    message = training.set_cpu_threads()
+    message = cpu.set_cpu_threads()
     assert torch.get_num_threads() == 1 and "may run on 1 CPUs" in message
 
 
@@ -95,34 +95,34 @@ def test_only_the_cpus_the_process_may_run_on(monkeypatch):
 )
 def test_cgroup_cpu_quota(monkeypatch, tmp_path, cpu_max, limit):
     (tmp_path / "cpu.max").write_text(cpu_max)
-    monkeypatch.setattr(training, "CGROUP_CPU_MAX", str(tmp_path / "cpu.max"))
-    assert training.cgroup_cpu_limit() == limit
-    monkeypatch.setattr(training, "busy_cpus", lambda: 0.0)
+    monkeypatch.setattr(cpu, "CGROUP_CPU_MAX", str(tmp_path / "cpu.max"))
+    assert cpu.cgroup_cpu_limit() == limit
+    monkeypatch.setattr(cpu, "busy_cpus", lambda: 0.0)
     cpus(monkeypatch, 8)
     torch.set_num_threads(4)
-    message = training.set_cpu_threads()
+    message = cpu.set_cpu_threads()
     assert torch.get_num_threads() == min(4, limit or 4) and ("quota" in message) == (limit is not None)
 
 
 def test_no_cgroup_file_means_no_quota():  # the autouse fixture points the reader at a missing file
-    assert training.cgroup_cpu_limit() is None
+    assert cpu.cgroup_cpu_limit() is None
 
 
 def test_the_flag_and_the_environment_win(monkeypatch):
-    monkeypatch.setattr(training, "busy_cpus", lambda: pytest.fail("must not look at the load"))
-    assert training.set_cpu_threads(3) == "3 (--threads)" and torch.get_num_threads() == 3
+    monkeypatch.setattr(cpu, "busy_cpus", lambda: pytest.fail("must not look at the load"))
+    assert cpu.set_cpu_threads(3) == "3 (--threads)" and torch.get_num_threads() == 3
     torch.set_num_threads(2)
     monkeypatch.setenv("OMP_NUM_THREADS", "2")
-    assert training.set_cpu_threads() == "2 (OMP_NUM_THREADS)" and torch.get_num_threads() == 2
+    assert cpu.set_cpu_threads() == "2 (OMP_NUM_THREADS)" and torch.get_num_threads() == 2
     monkeypatch.delenv("OMP_NUM_THREADS")
-    assert training.set_cpu_threads(recorded=3).startswith("3 (as the run") and torch.get_num_threads() == 3
-    assert training.set_cpu_threads(1, recorded=3) == "1 (--threads)" and torch.get_num_threads() == 1
+    assert cpu.set_cpu_threads(recorded=3).startswith("3 (as the run") and torch.get_num_threads() == 3
+    assert cpu.set_cpu_threads(1, recorded=3) == "1 (--threads)" and torch.get_num_threads() == 1
     torch.set_num_threads(2)
     monkeypatch.setenv("WORLD_SIZE", "2")  # accelerate launch: each process keeps its launcher's setting
-    assert training.set_cpu_threads() == "2 (PyTorch's default)"
+    assert cpu.set_cpu_threads() == "2 (PyTorch's default)"
     for bad in (0, -1, 1.5, True):
         with pytest.raises(ValueError, match="--threads"):
-            training.set_cpu_threads(bad)
+            cpu.set_cpu_threads(bad)
 
 
 def test_train_and_translate_refuse_a_bad_thread_count(tmp_path, capsys):
@@ -155,14 +155,14 @@ def test_a_resumed_run_keeps_the_thread_count_of_the_run(monkeypatch, tmp_path):
     assert first.seen == {2}
     state = json.loads((out / "checkpoint-1" / "trainer_state.json").read_text())
     assert state["stateful_callbacks"]["CpuThreadsCallback"] == {"args": {"threads": 2}}
-    assert training.recorded_threads(out / "checkpoint-1") == 2 and training.recorded_threads(None) is None
+    assert cpu.recorded_threads(out / "checkpoint-1") == 2 and cpu.recorded_threads(None) is None
 
-    monkeypatch.setattr(training, "busy_cpus", lambda: 64.0)  # left to itself it would now choose 1 thread
+    monkeypatch.setattr(cpu, "busy_cpus", lambda: 64.0)  # left to itself it would now choose 1 thread
     resumed = Threads()
     train_script.main([*argv, "--resume_from_checkpoint", str(out / "checkpoint-1")], callbacks=[resumed])
-    assert resumed.seen == {2} and training.recorded_threads(out / "checkpoint-2") == 2
+    assert resumed.seen == {2} and cpu.recorded_threads(out / "checkpoint-2") == 2
     chosen = Threads()
     train_script.main(
         [*argv, "--resume_from_checkpoint", str(out / "checkpoint-1"), "--threads", "1"], callbacks=[chosen]
     )
-    assert chosen.seen == {1} and training.recorded_threads(out / "checkpoint-2") == 1
+    assert chosen.seen == {1} and cpu.recorded_threads(out / "checkpoint-2") == 1

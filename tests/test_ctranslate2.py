@@ -13,14 +13,14 @@ from transformers import BartConfig
 
 ctranslate2 = pytest.importorskip("ctranslate2", reason="the ctranslate2 extra (part of the test extra)")
 
-from vanilla_transformer.ctranslate2_export import (  # noqa: E402
+from vanilla_transformer.inference.ctranslate2 import (  # noqa: E402
     EXPORT_INFO,
     INSTALL_HINT,
     export_ctranslate2,
     load_ctranslate2_translator,
     require_ctranslate2,
 )
-from vanilla_transformer.training import translate  # noqa: E402
+from vanilla_transformer.inference.translate import translate  # noqa: E402
 
 WORDS = [f"w{i}" for i in range(60)]  # ids 4 … 63 of the word tokenizer
 
@@ -118,7 +118,7 @@ def trained_model_dir(tmp_path_factory) -> str:
 
 
 def test_trained_model_greedy_and_beam_translations_are_identical(trained_model_dir, tmp_path, one_thread):
-    from vanilla_transformer.training import load_translator
+    from vanilla_transformer.inference.translate import load_translator
 
     model, tokenizer = load_translator(trained_model_dir, device="cpu")
     translator = load_ctranslate2_translator(export_ctranslate2(trained_model_dir, str(tmp_path / "ct2")), threads=1)
@@ -293,7 +293,7 @@ def test_push_to_hub_with_ctranslate2_exports_into_a_subfolder_and_explains_it(t
     assert {"ctranslate2/model.bin", f"ctranslate2/{EXPORT_INFO}", "model.safetensors"} <= uploaded
     assert not any(path.startswith("ctranslate2/") for path, _ in push.files_to_upload(model_dir))
 
-    from vanilla_transformer.model_card import write_model_card
+    from vanilla_transformer.hub.model_card import write_model_card
 
     card = open(write_model_card(model_dir, repo_id="user/toy", ctranslate2="int8")).read()
     assert "## Fast inference with CTranslate2" in card and "with\nint8 weights" in card

@@ -8,8 +8,8 @@ import pytest
 from datasets import Dataset, DatasetDict
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
-from vanilla_transformer import data
-from vanilla_transformer.data import (
+from vanilla_transformer.training import data
+from vanilla_transformer.training.data import (
     DataError,
     default_num_workers,
     demo_corpus,
@@ -18,7 +18,7 @@ from vanilla_transformer.data import (
     load_raw_datasets,
     tokenize_splits,
 )
-from vanilla_transformer.tokenizer import train_tokenizer
+from vanilla_transformer.training.tokenizer import train_tokenizer
 
 NUMBERS = {
     1: ("eins", "one"),

@@ -16,8 +16,8 @@ import transformers
 from conftest import ROOT, TINY_OVERRIDES, free_port, load_script, script_env
 from safetensors.torch import load_file
 
-from vanilla_transformer.data import demo_corpus
-from vanilla_transformer.tokenizer import iterate_texts, train_tokenizer
+from vanilla_transformer.training.data import demo_corpus
+from vanilla_transformer.training.tokenizer import iterate_texts, train_tokenizer
 
 train_script = load_script("train")
 
@@ -38,7 +38,7 @@ TRANSFORMERS_FSDP = ["--fsdp", "full_shard auto_wrap", "--fsdp_config", WRAP_LAY
 # MISMATCH=1 takes the processes' agreement away: each then chunks its own batch as it alone would choose.
 LAUNCHER = """
 import importlib.util, json, os, sys
-import vanilla_transformer.batching as batching
+import vanilla_transformer.training.batching as batching
 
 spec = importlib.util.spec_from_file_location("train_script", sys.argv[1])
 train_script = sys.modules["train_script"] = importlib.util.module_from_spec(spec)

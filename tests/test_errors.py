@@ -12,8 +12,8 @@ from conftest import ROOT, tiny_config, tiny_model, word_tokenizer
 from transformers import AutoConfig, AutoModelForSeq2SeqLM
 
 from vanilla_transformer import VanillaTransformerForConditionalGeneration
-from vanilla_transformer.checkpointing import load_trained_model
-from vanilla_transformer.checks import check_tokenizer_matches_config
+from vanilla_transformer.training.checkpoints import load_trained_model
+from vanilla_transformer.training.tokenizer import check_tokenizer_matches_config
 
 VOCAB = 64  # tiny_config's vocab_size
 

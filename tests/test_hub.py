@@ -26,7 +26,7 @@ from transformers import PreTrainedTokenizerFast, Seq2SeqTrainingArguments, pipe
 
 import vanilla_transformer
 from vanilla_transformer import VanillaTransformerConfig, VanillaTransformerForConditionalGeneration
-from vanilla_transformer.model_card import write_model_card
+from vanilla_transformer.hub.model_card import write_model_card
 from vanilla_transformer.pipeline_vanilla_transformer import VanillaTransformerTranslationPipeline
 
 TOKEN = "hf_test_token_not_a_secret"

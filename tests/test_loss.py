@@ -19,7 +19,7 @@ from vanilla_transformer.loss_vanilla_transformer import (
     linear_cross_entropy,
     token_cross_entropy,
 )
-from vanilla_transformer.training import TranslationTrainer
+from vanilla_transformer.training.trainer import TranslationTrainer
 
 
 def logits_and_labels(dtype=torch.float32, batch=3, length=7, vocab=50):

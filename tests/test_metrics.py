@@ -8,9 +8,9 @@ import pytest
 import sacrebleu
 from transformers import EvalPrediction
 
-from vanilla_transformer.metrics import METRICS_DIR, load_metric, metric_path
-from vanilla_transformer.tokenizer import train_tokenizer
-from vanilla_transformer.training import make_compute_metrics
+from vanilla_transformer.training.metrics import METRICS_DIR, load_metric, metric_path
+from vanilla_transformer.training.tokenizer import train_tokenizer
+from vanilla_transformer.training.trainer import make_compute_metrics
 
 HYPOTHESES = ["three hundred forty-two", "the cat sat on a mat", "one thousand one hundred", "seven"]
 REFERENCES = ["three hundred forty-two", "the cat sat on the mat", "one thousand one", "seventeen"]

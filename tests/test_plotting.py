@@ -14,7 +14,7 @@ from PIL import Image
 from transformers import DataCollatorForSeq2Seq, PreTrainedTokenizerFast, Seq2SeqTrainer, Seq2SeqTrainingArguments
 
 from vanilla_transformer import VanillaTransformerForConditionalGeneration
-from vanilla_transformer.plotting import (
+from vanilla_transformer.plots.plotting import (
     attention_matrix,
     find_trainer_state,
     plot_cross_attention,

@@ -25,7 +25,7 @@ import safetensors.torch
 import torch
 from conftest import ROOT, TINY_OVERRIDES
 
-from vanilla_transformer.checkpointing import check_checkpoint, checkpoint_problem, last_complete_checkpoint
+from vanilla_transformer.training.checkpoints import check_checkpoint, checkpoint_problem, last_complete_checkpoint
 
 TRAIN = ROOT / "scripts" / "train.py"
 MAX_STEPS, SAVE_STEPS = 14, 4  # 4 steps per epoch (32 pairs, 8 per batch): the run ends in an epoch's middle

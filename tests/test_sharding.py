@@ -12,10 +12,10 @@ import torch
 from conftest import ROOT, TINY_OVERRIDES, free_port, load_script, script_env
 from safetensors.torch import load_file
 
-from vanilla_transformer.data import demo_corpus
-from vanilla_transformer.sharding import check_parallelism_can_run
-from vanilla_transformer.tokenizer import iterate_texts, train_tokenizer
-from vanilla_transformer.training import TranslationTrainingArguments
+from vanilla_transformer.training.arguments import TranslationTrainingArguments
+from vanilla_transformer.training.data import demo_corpus
+from vanilla_transformer.training.sharding import check_parallelism_can_run
+from vanilla_transformer.training.tokenizer import iterate_texts, train_tokenizer
 
 train_script = load_script("train")
 

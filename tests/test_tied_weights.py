@@ -18,7 +18,7 @@ from vanilla_transformer import (
     VanillaTransformerForSequenceClassification,
     VanillaTransformerModel,
 )
-from vanilla_transformer.sharding import share_tied_tensors, tied_names
+from vanilla_transformer.training.sharding import share_tied_tensors, tied_names
 
 MODEL_CLASSES = [
     VanillaTransformerModel,
@@ -162,7 +162,7 @@ def test_resume_reports_no_missing_keys(tmp_path, caplog):
 
 def test_resume_still_reports_a_weight_stored_under_no_name(caplog):
     """The trainer drops a tied name from the report only when the tensor it aliases was loaded."""
-    from vanilla_transformer.training import TranslationTrainer
+    from vanilla_transformer.training.trainer import TranslationTrainer
 
     model = VanillaTransformerForConditionalGeneration(tiny_config())
     trainer = object.__new__(TranslationTrainer)  # only `model` is read

@@ -14,8 +14,14 @@ from transformers.optimization import (
     _get_linear_schedule_with_warmup_lr_lambda,
 )
 
-from vanilla_transformer.time_budget import UNLIMITED_STEPS, TimeBudgetCallback, budget_lr_lambda, find_time_budget
-from vanilla_transformer.training import TranslationTrainingArguments, build_trainer
+from vanilla_transformer.training.arguments import TranslationTrainingArguments
+from vanilla_transformer.training.time_budget import (
+    UNLIMITED_STEPS,
+    TimeBudgetCallback,
+    budget_lr_lambda,
+    find_time_budget,
+)
+from vanilla_transformer.training.trainer import build_trainer
 
 BUDGET_MINUTES = 0.05  # 3 s
 TINY_RUN = [

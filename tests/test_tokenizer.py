@@ -6,8 +6,8 @@ import pytest
 from conftest import load_script, run_script, tiny_config
 from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
-from vanilla_transformer.data import demo_corpus
-from vanilla_transformer.tokenizer import (
+from vanilla_transformer.training.data import demo_corpus
+from vanilla_transformer.training.tokenizer import (
     check_tokenizer_matches_config,
     iterate_texts,
     train_tokenizer,

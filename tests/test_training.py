@@ -21,19 +21,18 @@ from transformers import (
 )
 
 from vanilla_transformer import VanillaTransformerConfig
-from vanilla_transformer.checkpointing import list_checkpoint_folders
-from vanilla_transformer.data import demo_corpus
-from vanilla_transformer.tokenizer import iterate_texts, train_tokenizer
-from vanilla_transformer.training import (
+from vanilla_transformer.inference.translate import translate
+from vanilla_transformer.training.arguments import implied_defaults
+from vanilla_transformer.training.checkpoints import list_checkpoint_folders, save_averaged_model
+from vanilla_transformer.training.data import demo_corpus
+from vanilla_transformer.training.presets import (
     PRESETS,
     build_config,
-    build_trainer,
     default_generation_config,
-    implied_defaults,
     parse_config_overrides,
-    save_averaged_model,
-    translate,
 )
+from vanilla_transformer.training.tokenizer import iterate_texts, train_tokenizer
+from vanilla_transformer.training.trainer import build_trainer
 
 TINY_MODEL = [
     "--config_overrides",

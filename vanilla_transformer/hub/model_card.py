@@ -339,7 +339,7 @@ same translations (float32) or nearly the same (int8). With `pip install 'vanill
 ```python
 import os
 from huggingface_hub import snapshot_download
-from vanilla_transformer.ctranslate2_export import load_ctranslate2_translator
+from vanilla_transformer.inference.ctranslate2 import load_ctranslate2_translator
 
 folder = snapshot_download("{repo_id}", allow_patterns=["{CTRANSLATE2_FOLDER}/*"])
 translator = load_ctranslate2_translator(os.path.join(folder, "{CTRANSLATE2_FOLDER}"))

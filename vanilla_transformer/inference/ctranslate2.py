@@ -1,7 +1,7 @@
 """Export a saved model to CTranslate2 (a C++ inference engine: int8 on CPU, several times generate()'s speed) and
 translate with the exported folder.
 
-    from vanilla_transformer.ctranslate2_export import export_ctranslate2, load_ctranslate2_translator
+    from vanilla_transformer.inference.ctranslate2 import export_ctranslate2, load_ctranslate2_translator
 
     export_ctranslate2("outputs/demo", "outputs/demo-ct2", quantization="int8")
     translator = load_ctranslate2_translator("outputs/demo-ct2")
@@ -171,7 +171,7 @@ def _make_loader(max_positions: int | None):
             spec.register_target_vocabulary(vocabulary(tokenizer, spec.decoder.embeddings.weight.shape[0]))
 
         def set_config(self, config, model, tokenizer):
-            from .tokenizer import check_tokenizer_matches_config
+            from ..training.tokenizer import check_tokenizer_matches_config
 
             check_tokenizer_matches_config(tokenizer, model.config)
             config.bos_token = tokenizer.bos_token
@@ -200,7 +200,7 @@ def export_ctranslate2(
     from ctranslate2.converters import transformers as ct2_transformers
     from transformers import AutoConfig, AutoTokenizer
 
-    from .checkpointing import load_trained_model
+    from ..training.checkpoints import load_trained_model
 
     if quantization not in QUANTIZATIONS:
         raise ValueError(f"quantization={quantization!r} is not supported; allowed: {', '.join(QUANTIZATIONS)}.")
@@ -349,7 +349,7 @@ class CTranslate2Translator:
         translate to empty lines. Beam size, length penalty and patience default to the saved generation config's
         (see `GenerationDefaults`). With several CTranslate2 workers (`inter_threads`), as many batches are
         translated at once."""
-        from .training import translate_in_batches
+        from .translate import translate_in_batches
 
         if num_beams is not None and num_beams < 1:
             raise ValueError(f"num_beams={num_beams} must be at least 1.")

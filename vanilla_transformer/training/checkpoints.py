@@ -1,4 +1,7 @@
-"""Resume training only from checkpoints that were completely written.
+"""Checkpoint folders: resume training only from ones that were completely written, load a trained model, average
+several checkpoints into one model.
+
+Resume training only from checkpoints that were completely written.
 
 transformers' Trainer writes ``checkpoint-<step>/`` in place, one file after another: the model (and tokenizer), then
 ``optimizer.pt`` and ``scheduler.pt``, the RNG states, and ``trainer_state.json`` last. A run killed during that
@@ -19,8 +22,13 @@ import logging
 import os
 import re
 import zipfile
+from collections.abc import Sequence
 
+import torch
 from safetensors import SafetensorError, safe_open
+from transformers import AutoTokenizer, PreTrainedModel
+
+from .sharding import tied_names
 
 logger = logging.getLogger(__name__)
 
@@ -130,10 +138,85 @@ def load_trained_model(model_dir: str, model_class=None, **kwargs):
 
 _MODEL_BODY = ("shared", "encoder", "decoder")
 
+
+def load_weights(checkpoint: str) -> dict[str, torch.Tensor]:
+    """The tensors of a saved model (one safetensors file or a sharded set), as stored: tied copies appear once."""
+    from safetensors.torch import load_file
+
+    single = os.path.join(checkpoint, "model.safetensors")
+    index = os.path.join(checkpoint, "model.safetensors.index.json")
+    if os.path.isfile(single):
+        return load_file(single)
+    if os.path.isfile(index):
+        with open(index) as f:
+            shards = sorted(set(json.load(f)["weight_map"].values()))
+        weights = {}
+        for shard in shards:
+            weights.update(load_file(os.path.join(checkpoint, shard)))
+        return weights
+    raise ValueError(f"{checkpoint!r} holds no model.safetensors (or sharded index); is it a saved model?")
+
+
+def average_weights(checkpoints: Sequence[str]) -> dict[str, torch.Tensor]:
+    """The element-wise mean of the checkpoints' floating-point tensors, summed in float64 and rounded once to each
+    tensor's dtype; other tensors (integer buffers) must be equal in all checkpoints and are kept."""
+    if not checkpoints:
+        raise ValueError("no checkpoints to average.")
+    total: dict[str, torch.Tensor] = {}
+    for i, checkpoint in enumerate(checkpoints):
+        weights = load_weights(checkpoint)
+        if i == 0:
+            dtypes = {name: tensor.dtype for name, tensor in weights.items()}
+            total = {
+                name: tensor.to(torch.float64) if tensor.is_floating_point() else tensor
+                for name, tensor in weights.items()
+            }
+            continue
+        if weights.keys() != total.keys():
+            raise ValueError(f"{checkpoint!r} has different tensors from {checkpoints[0]!r}; is it the same model?")
+        for name, tensor in weights.items():
+            if tensor.shape != total[name].shape:
+                raise ValueError(
+                    f"{checkpoint!r}: {name} has shape {tuple(tensor.shape)}, expected {tuple(total[name].shape)}."
+                )
+            if tensor.is_floating_point():
+                total[name] += tensor.to(torch.float64)
+            elif not torch.equal(tensor, total[name]):
+                raise ValueError(f"{checkpoint!r}: the non-float tensor {name} differs between checkpoints.")
+    return {
+        name: (tensor / len(checkpoints)).to(dtypes[name]) if dtypes[name].is_floating_point else tensor
+        for name, tensor in total.items()
+    }
+
+
+def save_averaged_model(checkpoints: Sequence[str], output_dir: str) -> PreTrainedModel:
+    """Average `checkpoints` into a model saved in `output_dir` with the last checkpoint's config, generation config
+    and tokenizer, loadable with `AutoModelForSeq2SeqLM.from_pretrained(output_dir)`."""
+    averaged = average_weights(checkpoints)
+    model = load_trained_model(checkpoints[-1])
+    missing, unexpected = model.load_state_dict(averaged, strict=False)
+    if unexpected:
+        raise ValueError(f"the checkpoints hold tensors the model does not have: {unexpected[:5]}")
+    # tied weights (lm_head = the shared embedding) are stored once, so their other names are the only ones missing
+    untied = set(missing) - tied_names(model).keys()
+    if untied:
+        raise ValueError(f"the checkpoints lack tensors of the model: {sorted(untied)[:5]}")
+    os.makedirs(output_dir, exist_ok=True)
+    model.save_pretrained(output_dir)
+    try:
+        AutoTokenizer.from_pretrained(checkpoints[-1]).save_pretrained(output_dir)
+    except (OSError, ValueError):
+        pass  # a checkpoint saved without its tokenizer: the model is still usable with the original one
+    return model
+
+
 __all__ = [
     "check_checkpoint",
     "checkpoint_problem",
     "last_complete_checkpoint",
     "list_checkpoint_folders",
     "load_trained_model",
+    "load_weights",
+    "average_weights",
+    "save_averaged_model",
 ]

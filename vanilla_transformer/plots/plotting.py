@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .checkpointing import list_checkpoint_folders
+from ..training.checkpoints import list_checkpoint_folders
 
 PLOT_EXTRA_HINT = "pip install 'vanilla-transformer[plot]' (or pip install matplotlib)"
 
@@ -219,7 +219,7 @@ def plot_cross_attention_heads(attention: TranslationAttention, path: str, layer
 
 def sinusoidal_table(d_model: int, num_positions: int) -> torch.Tensor:
     """The (num_positions, d_model) table of §3.5, computed by the model's own ``SinusoidalPositionalEncoding``."""
-    from .modeling_vanilla_transformer import SinusoidalPositionalEncoding
+    from ..modeling_vanilla_transformer import SinusoidalPositionalEncoding
 
     if isinstance(num_positions, bool) or not isinstance(num_positions, int) or num_positions <= 0:
         raise ValueError(f"num_positions={num_positions!r} is invalid; it must be a positive integer.")

@@ -1,0 +1,1 @@
+"""The toolkit's Hub side: `model_card` writes a trained model's README.md (metadata, architecture, results, usage)."""
