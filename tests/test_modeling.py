@@ -31,7 +31,7 @@ from vanilla_transformer import (
     VanillaTransformerModel,
 )
 from vanilla_transformer import input_checks_vanilla_transformer as input_checks
-from vanilla_transformer.modeling_vanilla_transformer import SinusoidalPositionalEncoding, residual_dropout
+from vanilla_transformer.modeling_vanilla_transformer import AddAndNorm, SinusoidalPositionalEncoding
 
 
 def make_model(attn_implementation: str = "sdpa", **overrides) -> VanillaTransformerForConditionalGeneration:
@@ -97,24 +97,18 @@ def test_layer_norm_uses_biased_variance_and_starts_at_identity():
 
 
 @pytest.mark.parametrize("p", [0.1, 0.3])
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_residual_dropout_zeroes_p_and_scales_the_rest_to_keep_the_mean(dtype, p):
-    torch.manual_seed(0)
-    x = torch.ones(999, 199, dtype=dtype, requires_grad=True)  # 198,801 values: the last int64 of bits is partly used
-    y = residual_dropout(x, p, training=True)
-    kept = y != 0
-    assert y.dtype == dtype and abs((~kept).float().mean().item() - p) < 0.003
-    for lane in range(4):  # each 16-bit lane of the random int64s drops at the same rate
-        assert abs((~kept).flatten()[lane::4].float().mean().item() - p) < 0.006
-    rounded_p = round(p * 2**15) / 2**15  # p on the 2^-15 grid of the random bits
-    assert abs(rounded_p - p) <= 2**-16
-    assert torch.equal(y[kept], torch.full_like(y[kept], 1 / (1 - rounded_p)))  # rounded to the dtype
-    y.backward(torch.ones_like(y))
-    assert torch.equal(x.grad, y.detach())  # d y / d x: the same mask and scale
-    assert residual_dropout(x, p, training=False) is x and residual_dropout(x, 0.0, training=True) is x
-    other = residual_dropout(x, p, training=True)
-    assert not torch.equal(other != 0, kept)  # a new mask on every call
-    assert torch.equal(residual_dropout(x, 1.0, training=True), torch.zeros_like(x))
+def test_residual_dropout_zeroes_p_of_each_sublayer_output_and_scales_the_rest_to_keep_the_mean(p):
+    """§5.4: dropout on each sub-layer's output before the residual sum, at the config's P_drop, only in training."""
+    add_and_norm = AddAndNorm(tiny_config(dropout=p, normalize_before=True))  # pre-norm: the sum itself comes out
+    residual, sublayer = torch.zeros(400, 500), torch.ones(400, 500, requires_grad=True)
+    out = add_and_norm(residual, sublayer)
+    kept = out != 0
+    assert abs((~kept).float().mean().item() - p) < 0.005
+    torch.testing.assert_close(out[kept], torch.full_like(out[kept], 1 / (1 - p)))
+    out.backward(torch.ones_like(out))
+    assert torch.equal(sublayer.grad, out.detach())  # the same mask and scale in the gradient
+    assert not torch.equal(add_and_norm(residual, sublayer) != 0, kept)  # a new mask on every call
+    assert torch.equal(add_and_norm.eval()(residual, sublayer), sublayer)  # no dropout at inference
 
 
 @pytest.mark.parametrize("scheme", ["normal", "xavier"])

@@ -77,21 +77,6 @@ class LearnedPositionalEmbedding(nn.Embedding):
     sequence longer than the table with a clear error."""
 
 
-def residual_dropout(hidden_states: torch.Tensor, p: float, training: bool) -> torch.Tensor:
-    """Residual dropout, P_drop (§5.4): each value is zeroed with probability p, the others scaled to keep the mean.
-    On CPU the mask comes from random bits, in 40 % of the time of ``F.dropout``'s Bernoulli draw: an int64 from
-    ``random_`` is four 16-bit lanes with 15 uniform low bits each, so p is rounded to a multiple of 2^-15 and the
-    scale matches the rounded p."""
-    threshold = round(p * 32768)
-    if not training or threshold in (0, 32768) or hidden_states.device.type != "cpu":
-        return F.dropout(hidden_states, p=p, training=training)
-    n = hidden_states.numel()
-    words = torch.empty((n + 3) // 4, dtype=torch.int64, device="cpu").random_()
-    lanes = words.view(torch.int16)[:n].view(hidden_states.shape).bitwise_and_(0x7FFF)
-    keep = lanes.ge_(threshold)  # 1 with probability 1 - threshold / 2^15, else 0
-    return hidden_states * keep.to(hidden_states.dtype).mul_(32768 / (32768 - threshold))
-
-
 class Embeddings(nn.Module):
     """The input of either stack: token embeddings × √d_model plus positional encodings, then dropout (§3.4, §3.5,
     §5.4). One token matrix may serve both stacks and the pre-softmax projection (§3.4)."""
@@ -122,7 +107,7 @@ class Embeddings(nn.Module):
             )
         positions = self.embed_positions(torch.arange(length, device=inputs_embeds.device) + past)
         hidden_states = inputs_embeds * self.scale + positions.to(inputs_embeds.dtype)
-        return residual_dropout(hidden_states, self.config.dropout, self.training)
+        return F.dropout(hidden_states, p=self.config.dropout, training=self.training)
 
 
 def scaled_dot_product_attention(
@@ -264,7 +249,7 @@ class AddAndNorm(nn.Module):
         return self.layer_norm(x) if self.normalize_before else x
 
     def forward(self, residual: torch.Tensor, sublayer_output: torch.Tensor) -> torch.Tensor:
-        x = residual + residual_dropout(sublayer_output, self.dropout, self.training)
+        x = residual + F.dropout(sublayer_output, p=self.dropout, training=self.training)
         return x if self.normalize_before else self.layer_norm(x)
 
 
