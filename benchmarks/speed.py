@@ -1,6 +1,6 @@
 """Speed and memory of VanillaTransformer against transformers' MarianMTModel at identical sizes, in one run.
 
-The code behind scripts/benchmark.py (its command line); not part of the installed package.
+The code behind benchmarks/model_speed.py (its command line); not part of the installed package.
 
 Both models are built from configs (random weights, nothing downloaded) with the same sizes, activation, embedding
 scaling, tied embeddings, dropout, position range, attention implementation and special-token ids. Every timed row
@@ -76,7 +76,7 @@ SIZES = {
 
 @dataclass
 class BenchmarkSettings:
-    """What to measure and how; every field is a command-line flag of scripts/benchmark.py."""
+    """What to measure and how; every field is a command-line flag of benchmarks/model_speed.py."""
 
     sizes: list[str] = field(
         default_factory=lambda: ["small", "base"],

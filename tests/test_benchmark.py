@@ -1,4 +1,4 @@
-"""The benchmark (benchmarks/speed.py, run by scripts/benchmark.py) runs end to end at a tiny size and its FLOP
+"""The benchmark (benchmarks/speed.py, run by benchmarks/model_speed.py) runs end to end at a tiny size and its FLOP
 formula counts what the models really multiply.
 
 No timing is asserted here: speed figures live in docs/performance.md.
@@ -35,7 +35,7 @@ def test_training_flop_formula_matches_the_counted_matmuls(name):
 def test_tiny_run_prints_a_table_and_writes_json(tmp_path, capsys):
     output_file = tmp_path / "bench.json"
     rows = ["train", "train_ls", "greedy", "beam", "train_bf16"]
-    load_script("benchmark").main([*TINY, "--rows", *rows, "--output_file", str(output_file)])
+    load_script("model_speed", folder="benchmarks").main([*TINY, "--rows", *rows, "--output_file", str(output_file)])
 
     results = json.loads(output_file.read_text())
     assert [entry["row"] for entry in results["rows"]] == rows
@@ -91,7 +91,7 @@ def test_generation_rows_produce_exactly_the_asked_tokens():
 )
 def test_bad_arguments_name_the_flag(flag, value, message):
     with pytest.raises(ValueError, match=message):
-        load_script("benchmark").main([flag, value])
+        load_script("model_speed", folder="benchmarks").main([flag, value])
 
 
 def test_bf16_autocast_training_step_is_finite_on_cpu():

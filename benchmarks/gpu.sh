@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# One GPU run of scripts/benchmark.py (written for one H200; at most 3.5 minutes): the paper's base size, bf16 autocast
+# One GPU run of benchmarks/model_speed.py (written for one H200; at most 3.5 minutes): the paper's base size, bf16 autocast
 # (fp32 master weights, bf16 matmuls; the loss in fp32), VanillaTransformer against MarianMTModel interleaved in the
 # same process, and the MFU of the training step against the bf16 torch.matmul peak measured in the same run.
 #
-#   OUT=/some/folder bash scripts/gpu_benchmark.sh
+#   OUT=/some/folder bash benchmarks/gpu.sh
 #
 # Two stages (a third, optional), each under its own timeout so that a slow one cannot eat the others' results; the
 # JSON is rewritten after every row, so a stage cut short still leaves the rows it finished:
@@ -39,7 +39,7 @@ stage() {  # stage NAME SECONDS ARGS...
     local name=$1 seconds=$2
     shift 2
     echo "=== $name (at most ${seconds}s)"
-    timeout --signal=INT "$seconds" python scripts/benchmark.py "${COMMON[@]}" "$@" \
+    timeout --signal=INT "$seconds" python benchmarks/model_speed.py "${COMMON[@]}" "$@" \
         --output_file "$OUT/gpu_$name.json" > "$OUT/gpu_$name.txt" 2> "$OUT/gpu_$name.log"
     echo "exit status $?"
     cat "$OUT/gpu_$name.txt"

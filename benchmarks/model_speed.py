@@ -1,9 +1,9 @@
 #!/usr/bin/env python
 """Benchmark VanillaTransformer against transformers' MarianMTModel at identical sizes, in one interleaved run.
 
-    python scripts/benchmark.py --quick                      # small size, under 2 minutes on CPU
-    python scripts/benchmark.py                              # small and base, every row (about 15 minutes on 1 thread)
-    python scripts/benchmark.py --profile --sizes small base # torch.profiler tables instead of the benchmark
+    python benchmarks/model_speed.py --quick                       # small size, under 2 minutes on CPU
+    python benchmarks/model_speed.py                               # small and base, every row (~15 min on 1 thread)
+    python benchmarks/model_speed.py --profile --sizes small base  # torch.profiler tables instead of the benchmark
 
 Prints a Markdown table (medians; ratio = median of per-pair ratios vanilla / Marian) and writes it all as JSON. The
 measurements themselves are in benchmarks/speed.py.
@@ -16,7 +16,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from speed import BenchmarkSettings, format_table, profile_models, run_benchmark  # noqa: E402
 from transformers import HfArgumentParser  # noqa: E402
