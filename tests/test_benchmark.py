@@ -9,7 +9,7 @@ import math
 
 import pytest
 import torch
-from conftest import load_script
+from conftest import ROOT, load_script
 from torch.utils.flop_counter import FlopCounterMode
 
 speed = load_script("speed", folder="benchmarks")
@@ -101,3 +101,16 @@ def test_bf16_autocast_training_step_is_finite_on_cpu():
     loss = speed.training_step(model, optimizer, speed.training_batch("tiny", settings), settings, dtype="bf16")()
     assert torch.isfinite(loss)
     assert all(parameter.dtype == torch.float32 for parameter in model.parameters())  # autocast keeps fp32 weights
+
+
+def test_the_entry_point_lists_every_benchmark_and_runs_each_by_name(capsys):
+    run = load_script("run", folder="benchmarks")
+    drivers = {p.stem for p in (ROOT / "benchmarks").glob("*.py") if "\ndef main(" in p.read_text()} - {"run"}
+    assert set(run.BENCHMARKS) == drivers  # a new driver must be listed
+    for name in run.BENCHMARKS:
+        with pytest.raises(SystemExit) as exit_info:
+            run.main([name, "--help"])  # each module's own parser answers
+        assert exit_info.value.code == 0
+        assert "usage:" in capsys.readouterr().out
+    with pytest.raises(SystemExit, match="unknown benchmark 'nope'; one of: model_speed"):
+        run.main(["nope"])
