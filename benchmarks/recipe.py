@@ -59,10 +59,12 @@ def main(argv: list[str] | None = None) -> dict:
     hypotheses = read_lines(os.path.join(args.output_dir, "generated_predictions.txt"))
     result = {
         "recipe": args.name or os.path.basename(os.path.normpath(args.output_dir)),
+        "seed": int(extra[extra.index("--seed") + 1]) if "--seed" in extra else 42,  # train.py's default seed
         "steps": steps,
         "train_minutes": round(metrics["train_runtime"] / 60, 2),
         "wall_minutes": round(wall_minutes, 2),
         "eval_loss": metrics.get("eval_loss"),
+        "validation_bleu": round(metrics["eval_bleu"], 2) if "eval_bleu" in metrics else None,
         "test_bleu": round(metrics["predict_bleu"], 2),
         "test_chrf": round(metrics["predict_chrf"], 2),
         "train_args": extra,

@@ -27,6 +27,7 @@ BENCHMARKS = {
     "ctranslate2_speed": "translation throughput and memory: CTranslate2 against generate()",
     "ctranslate2_quality": "the CTranslate2 export's test translations against generate()'s",
     "build_mo_corpus": "an English->French corpus from the gettext catalogs installed on this machine",
+    "summarize": "mean ± standard deviation over seeds of anchor.py / recipe.py results, by validation BLEU",
 }
 
 

@@ -1,0 +1,63 @@
+"""The anchor driver's tuning (benchmarks/anchor.py: grouping, batch size, steps fitted to a time budget from a timed
+calibration, validation BLEU beside test BLEU) and the summary over seeds (benchmarks/summarize.py)."""
+
+import json
+
+import pytest
+from conftest import load_script
+
+summarize = load_script("summarize", folder="benchmarks")
+
+
+def write_result(folder, **result):
+    folder.mkdir(parents=True)
+    (folder / "result.json").write_text(json.dumps(result))
+    return str(folder)
+
+
+def test_summary_gives_mean_and_sd_over_seeds_and_ranks_by_validation(tmp_path, capsys):
+    folders = [
+        write_result(tmp_path / "a1", recipe="a", seed=1, validation_bleu=30.0, test_bleu=31.0, train_minutes=2.0),
+        write_result(tmp_path / "a2", recipe="a", seed=2, validation_bleu=34.0, test_bleu=33.0, train_minutes=4.0),
+        write_result(tmp_path / "b1", recipe="b", seed=1, validation_bleu=33.0, test_bleu=40.0, train_minutes=2.0),
+        str(tmp_path / "unfinished"),
+    ]
+    rows = summarize.main(folders)
+    assert [row["recipe"] for row in rows] == ["b", "a"]  # by validation (33 > mean 32), whatever the test says
+    a = rows[1]
+    assert a["seeds"] == [1, 2] and a["validation"] == "32.00 ± 2.83" and a["test"] == "32.00 ± 1.41"
+    assert a["train_minutes"] == 3.0 and rows[0]["validation"] == "33.00"
+    out = capsys.readouterr().out
+    assert "unfinished holds no result.json" in out and "| a | 1, 2 | 32.00 ± 2.83 | 32.00 ± 1.41 |" in out
+
+
+@pytest.fixture
+def corpus(tmp_path):
+    from vanilla_transformer.training.data import demo_corpus
+
+    splits = demo_corpus(max_number=400, validation_size=12, test_size=12)
+    folder = tmp_path / "data"
+    folder.mkdir()
+    for split, rows in splits.items():
+        with open(folder / f"{split}.jsonl", "w") as f:
+            for row in rows:
+                f.write(json.dumps({"translation": {"en": row["translation"]["en"], "fr": row["translation"]["de"]}}))
+                f.write("\n")
+    return folder
+
+
+@pytest.mark.slow
+def test_anchor_fits_its_steps_to_the_budget_with_grouping_and_reports_validation_bleu(tmp_path, corpus, one_thread):
+    anchor = load_script("anchor", folder="benchmarks")
+    args = ["--data_dir", str(corpus), "--output_dir", str(tmp_path / "run"), "--group_by_length"]
+    args += ["--batch_size", "8", "--learning_rate", "2e-3", "--seed", "3", "--num_beams", "1"]
+    result = anchor.main([*args, "--max_train_minutes", "0.05", "--calibration_steps", "14"])
+    assert result["recipe"] == "anchor-marian-grouped-bs8-lr0.002" and result["seed"] == 3
+    assert result["train_sampling_strategy"] == "group_by_length"
+    per_step = result["seconds_per_step_calibrated"]
+    assert result["steps"] == max(1, round(0.05 * 60 / per_step))  # the budget's steps, from the calibration
+    assert 0 <= result["validation_bleu"] <= 100 and 0 <= result["test_bleu"] <= 100
+    lines = (tmp_path / "run" / "test_predictions.txt").read_text().splitlines()
+    assert len(lines) == 12  # one per test line
+    with pytest.raises(SystemExit):
+        anchor.main([*args, "--max_train_minutes", "0.05", "--calibration_steps", "11"])
