@@ -15,6 +15,7 @@ import os
 import sys
 from dataclasses import dataclass, field
 
+from huggingface_hub.errors import StrictDataclassError
 from transformers import HfArgumentParser
 
 import vanilla_transformer  # noqa: F401  (registers the model with the Auto classes)
@@ -61,6 +62,8 @@ def main(argv: list[str] | None = None) -> None:
         for path in chosen:
             print(f"  {path}")
         model = save_averaged_model(chosen, args.output_dir)
+    except StrictDataclassError as error:  # a config value that @strict refuses: the field and why, on one line
+        raise SystemExit(f"average_checkpoints.py: error: {' '.join(str(error).split())}") from None
     except (ValueError, OSError) as error:
         raise SystemExit(f"average_checkpoints.py: error: {str(error).strip().splitlines()[0]}") from None
     parameters = sum(p.numel() for p in model.parameters())

@@ -40,6 +40,7 @@ from dataclasses import dataclass, field
 import torch
 import transformers
 from datasets import DatasetDict
+from huggingface_hub.errors import StrictDataclassError
 from transformers import AutoTokenizer, HfArgumentParser, set_seed
 
 from vanilla_transformer import VanillaTransformerForConditionalGeneration
@@ -330,6 +331,8 @@ def main(argv: list[str] | None = None, callbacks=None) -> dict:
                 load_from_cache_file=not data_args.overwrite_cache,
                 print_fn=print if is_main else None,
             )
+    except StrictDataclassError as error:  # a config value that @strict refuses: the field and why, on one line
+        raise SystemExit(f"train.py: error: {' '.join(str(error).split())}") from None
     except (DataError, ValueError, OSError) as error:
         raise SystemExit(f"train.py: error: {str(error).strip().splitlines()[0]}") from None
 

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 
 import torch
 import transformers
+from huggingface_hub.errors import StrictDataclassError
 from transformers import HfArgumentParser
 
 import vanilla_transformer  # noqa: F401  (registers the model with the Auto classes)
@@ -127,6 +128,8 @@ def main(argv: list[str] | None = None) -> None:
             )
         else:
             model, tokenizer = load_translator(args.model_dir, device=args.device)
+    except StrictDataclassError as error:  # a config value that @strict refuses: the field and why, on one line
+        raise SystemExit(f"translate.py: error: {' '.join(str(error).split())}") from None
     except (ValueError, OSError, ImportError, RuntimeError) as error:
         raise SystemExit(f"translate.py: error: {str(error).strip().splitlines()[0]}") from None
 

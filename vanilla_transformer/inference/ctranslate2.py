@@ -34,6 +34,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
+from huggingface_hub.errors import StrictDataclassError
 
 INSTALL_HINT = "CTranslate2 is not installed; install it with: pip install 'vanilla-transformer[ctranslate2]'"
 QUANTIZATIONS = ("int8", "int8_float32", "int16", "float32", "float16", "bfloat16")
@@ -210,6 +211,8 @@ def export_ctranslate2(
         raise ValueError(f"{model_dir!r} is already a CTranslate2 export; export the saved transformers model.")
     try:
         config = AutoConfig.from_pretrained(model_dir)
+    except StrictDataclassError as error:  # a value the config refuses: the field and why
+        raise ValueError(f"{model_dir!r} holds an invalid model config: {' '.join(str(error).split())}") from None
     except (ValueError, OSError, KeyError) as error:
         raise ValueError(f"{model_dir!r} holds no readable model config: {str(error).splitlines()[0]}") from None
     rows = check_exportable(config, max_positions)
