@@ -25,6 +25,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import torch  # noqa: E402
 from common import corpus_files, report, test_bleu  # noqa: E402
 from datasets import load_dataset  # noqa: E402
+from huggingface_hub.errors import StrictDataclassError  # noqa: E402
 from transformers import (  # noqa: E402
     DataCollatorForSeq2Seq,
     MarianConfig,
@@ -34,7 +35,7 @@ from transformers import (  # noqa: E402
 )
 
 from vanilla_transformer import VanillaTransformerConfig, VanillaTransformerForConditionalGeneration  # noqa: E402
-from vanilla_transformer.training.presets import parse_config_overrides  # noqa: E402
+from vanilla_transformer.training.presets import apply_config_overrides  # noqa: E402
 from vanilla_transformer.training.tokenizer import train_tokenizer  # noqa: E402
 
 # the same field names in MarianConfig and VanillaTransformerConfig
@@ -51,7 +52,7 @@ SIZE = {
 }
 
 
-def build_model(kind: str, vocab_size: int, overrides: dict) -> torch.nn.Module:
+def build_model(kind: str, vocab_size: int, overrides: str | None = None) -> torch.nn.Module:
     """MarianMTModel (OPUS-MT's architecture) or this project's model, at the anchor's size, with fresh weights."""
     if kind == "marian":
         config = MarianConfig(
@@ -67,7 +68,7 @@ def build_model(kind: str, vocab_size: int, overrides: dict) -> torch.nn.Module:
         )
         return MarianMTModel(config)
     # ReLU, scaled embeddings and the bos start token are our defaults (the paper's)
-    config = VanillaTransformerConfig(vocab_size=vocab_size, **SIZE, **overrides)
+    config = apply_config_overrides(VanillaTransformerConfig(vocab_size=vocab_size, **SIZE), overrides)
     return VanillaTransformerForConditionalGeneration(config)
 
 
@@ -88,6 +89,10 @@ def main(argv: list[str] | None = None) -> dict:
     args = parser.parse_args(argv)
     if args.config_overrides and args.model != "vanilla":
         parser.error("--config_overrides changes our model's config: use it with --model vanilla")
+    try:  # before the tokenizer is trained: a bad override stops the run at once
+        apply_config_overrides(VanillaTransformerConfig(vocab_size=8000, **SIZE), args.config_overrides)
+    except (ValueError, StrictDataclassError) as error:
+        parser.error(" ".join(str(error).split()))
     torch.manual_seed(args.seed)
 
     files = corpus_files(args.data_dir)
@@ -102,7 +107,7 @@ def main(argv: list[str] | None = None) -> dict:
         return tokenizer([p[src] for p in pairs], text_target=[p[tgt] for p in pairs], max_length=256, truncation=True)
 
     data = raw.map(tokenize, batched=True, remove_columns=["translation"])
-    model = build_model(args.model, len(tokenizer), parse_config_overrides(args.config_overrides))
+    model = build_model(args.model, len(tokenizer), args.config_overrides)
     training_args = Seq2SeqTrainingArguments(
         output_dir=args.output_dir,
         max_steps=args.max_steps,

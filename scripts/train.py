@@ -59,7 +59,6 @@ from vanilla_transformer.training.presets import (
     PRESETS,
     build_config,
     default_generation_config,
-    parse_config_overrides,
     training_defaults,
 )
 from vanilla_transformer.training.sharding import describe_parallelism
@@ -91,7 +90,10 @@ class ModelArguments:
     )
     config_overrides: str | None = field(
         default=None,
-        metadata={"help": "Config fields to change, e.g. 'd_model=256,encoder_layers=3,dropout=0.2'."},
+        metadata={
+            "help": "Config fields to change, e.g. 'd_model=256,encoder_layers=3,dropout=0.2' (read by transformers' "
+            "PreTrainedConfig.update_from_string: each value as the type of the field's current value)."
+        },
     )
     tokenizer_name: str | None = field(
         default=None,
@@ -255,7 +257,7 @@ def build_model(model_args, tokenizer, tokenizer_source):
         config = build_config(
             preset=model_args.preset,
             config_name=model_args.config_name,
-            overrides=parse_config_overrides(model_args.config_overrides),
+            overrides=model_args.config_overrides,
             vocab_size=len(tokenizer),
         )
         model = VanillaTransformerForConditionalGeneration(config)
