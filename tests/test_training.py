@@ -25,7 +25,7 @@ from transformers import (
 from vanilla_transformer import VanillaTransformerConfig
 from vanilla_transformer.inference.translate import translate
 from vanilla_transformer.training.arguments import implied_defaults
-from vanilla_transformer.training.checkpoints import list_checkpoint_folders, save_averaged_model
+from vanilla_transformer.training.checkpoints import list_checkpoint_folders, load_weights, save_averaged_model
 from vanilla_transformer.training.data import demo_corpus
 from vanilla_transformer.training.presets import PRESETS, build_config, default_generation_config
 from vanilla_transformer.training.tokenizer import iterate_texts, train_tokenizer
@@ -331,7 +331,9 @@ def test_average_picks_the_last_checkpoints_by_step_and_is_exact(tmp_path):
         with torch.no_grad():
             for parameter in model.parameters():
                 parameter.fill_(value)
-        model.save_pretrained(str(tmp_path / f"checkpoint-{step}"))
+        model.save_pretrained(str(tmp_path / f"checkpoint-{step}"), max_shard_size="50KB" if step == 100 else "1GB")
+    assert len(list((tmp_path / "checkpoint-100").glob("model-*-of-*.safetensors"))) > 1  # a sharded one is averaged
+    assert load_weights(str(tmp_path / "checkpoint-100")).keys() == load_weights(str(tmp_path / "checkpoint-50")).keys()
     (tmp_path / "checkpoint-300-tmp").mkdir()  # not a checkpoint
     (tmp_path / "checkpoint-400").write_text("")  # nor is a file
     found = list_checkpoint_folders(str(tmp_path), oldest_first=True)

@@ -26,7 +26,10 @@ from collections.abc import Sequence
 
 import torch
 from safetensors import SafetensorError, safe_open
+from safetensors.torch import load_file
 from transformers import AutoTokenizer, PreTrainedModel
+from transformers.utils import SAFE_WEIGHTS_INDEX_NAME, SAFE_WEIGHTS_NAME
+from transformers.utils.hub import get_checkpoint_shard_files
 
 from .sharding import tied_names
 
@@ -140,20 +143,15 @@ _MODEL_BODY = ("shared", "encoder", "decoder")
 
 
 def load_weights(checkpoint: str) -> dict[str, torch.Tensor]:
-    """The tensors of a saved model (one safetensors file or a sharded set), as stored: tied copies appear once."""
-    from safetensors.torch import load_file
-
-    single = os.path.join(checkpoint, "model.safetensors")
-    index = os.path.join(checkpoint, "model.safetensors.index.json")
+    """The tensors of a saved model (one safetensors file or a sharded set, whose shards transformers'
+    ``get_checkpoint_shard_files`` reads from the index as ``from_pretrained`` does), as stored: tied copies appear
+    once."""
+    single, index = os.path.join(checkpoint, SAFE_WEIGHTS_NAME), os.path.join(checkpoint, SAFE_WEIGHTS_INDEX_NAME)
     if os.path.isfile(single):
         return load_file(single)
     if os.path.isfile(index):
-        with open(index) as f:
-            shards = sorted(set(json.load(f)["weight_map"].values()))
-        weights = {}
-        for shard in shards:
-            weights.update(load_file(os.path.join(checkpoint, shard)))
-        return weights
+        shards, _ = get_checkpoint_shard_files(checkpoint, index)
+        return {name: tensor for shard in shards for name, tensor in load_file(shard).items()}
     raise ValueError(f"{checkpoint!r} holds no model.safetensors (or sharded index); is it a saved model?")
 
 
