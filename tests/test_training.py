@@ -21,11 +21,12 @@ from transformers import (
     Seq2SeqTrainingArguments,
     TrainerCallback,
 )
+from transformers.trainer_utils import sort_checkpoints
 
 from vanilla_transformer import VanillaTransformerConfig
 from vanilla_transformer.inference.translate import translate
 from vanilla_transformer.training.arguments import implied_defaults
-from vanilla_transformer.training.checkpoints import list_checkpoint_folders, load_weights, save_averaged_model
+from vanilla_transformer.training.checkpoints import load_weights, save_averaged_model
 from vanilla_transformer.training.data import demo_corpus
 from vanilla_transformer.training.presets import PRESETS, build_config, default_generation_config
 from vanilla_transformer.training.tokenizer import iterate_texts, train_tokenizer
@@ -275,7 +276,7 @@ def test_train_translate_average_end_to_end(tmp_path):
     assert (tokenizer.pad_token_id, tokenizer.bos_token_id, tokenizer.eos_token_id, len(tokenizer)) == (0, 1, 2, 300)
     model = AutoModelForSeq2SeqLM.from_pretrained(str(out))
     assert model.config.d_model == 32 and model.config.vocab_size == 300
-    assert [os.path.basename(p) for p in list_checkpoint_folders(str(out))] == ["checkpoint-8", "checkpoint-4"]
+    assert [os.path.basename(p) for p in sort_checkpoints(str(out))] == ["checkpoint-4", "checkpoint-8"]
 
     # translate.py: stdin in, translations out in input order, scores on stderr
     sources = ["dreihundertzweiundvierzig", "eins", "neuntausendneunhundertneunundneunzig", "", "siebzehn"]
@@ -334,12 +335,15 @@ def test_average_picks_the_last_checkpoints_by_step_and_is_exact(tmp_path):
         model.save_pretrained(str(tmp_path / f"checkpoint-{step}"), max_shard_size="50KB" if step == 100 else "1GB")
     assert len(list((tmp_path / "checkpoint-100").glob("model-*-of-*.safetensors"))) > 1  # a sharded one is averaged
     assert load_weights(str(tmp_path / "checkpoint-100")).keys() == load_weights(str(tmp_path / "checkpoint-50")).keys()
-    (tmp_path / "checkpoint-300-tmp").mkdir()  # not a checkpoint
+    (tmp_path / "checkpoint-best").mkdir()  # no step: not a checkpoint
     (tmp_path / "checkpoint-400").write_text("")  # nor is a file
-    found = list_checkpoint_folders(str(tmp_path), oldest_first=True)
-    assert [os.path.basename(p) for p in found] == [f"checkpoint-{s}" for s in (10, 20, 50, 100, 200)]
-    assert list_checkpoint_folders(str(tmp_path)) == found[::-1]  # newest first by default
-    averaged = save_averaged_model(found[-3:], str(tmp_path / "avg"))
+    # average_checkpoints.py picks the last 3 by step (transformers' sort_checkpoints, as the Trainer's rotation)
+    load_script("average_checkpoints").main(
+        ["--checkpoint_dir", str(tmp_path), "--num_checkpoints", "3", "--output_dir", str(tmp_path / "avg")]
+    )
+    averaged = save_averaged_model(
+        [str(tmp_path / f"checkpoint-{step}") for step in (50, 100, 200)], str(tmp_path / "direct")
+    )
     reloaded = AutoModelForSeq2SeqLM.from_pretrained(str(tmp_path / "avg"))
     for parameters in (averaged.parameters(), reloaded.parameters()):
         for parameter in parameters:

@@ -15,8 +15,7 @@ import os
 from dataclasses import dataclass
 
 import torch
-
-from ..training.checkpoints import list_checkpoint_folders
+from transformers.trainer_utils import sort_checkpoints
 
 PLOT_EXTRA_HINT = "pip install 'vanilla-transformer[plot]' (or pip install matplotlib)"
 
@@ -286,7 +285,7 @@ def find_trainer_state(path: str) -> str:
     state = os.path.join(path, "trainer_state.json")
     if os.path.isfile(state):
         return state
-    for checkpoint in list_checkpoint_folders(path):  # newest first
+    for checkpoint in reversed(sort_checkpoints(path)):  # the Trainer's checkpoint-<step> folders, newest first
         state = os.path.join(checkpoint, "trainer_state.json")
         if os.path.isfile(state):
             return state

@@ -28,6 +28,7 @@ import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file
 from transformers import AutoTokenizer, PreTrainedModel
+from transformers.trainer_utils import sort_checkpoints
 from transformers.utils import SAFE_WEIGHTS_INDEX_NAME, SAFE_WEIGHTS_NAME
 from transformers.utils.hub import get_checkpoint_shard_files
 
@@ -93,24 +94,11 @@ def check_checkpoint(folder: str) -> None:
         )
 
 
-def list_checkpoint_folders(output_dir: str, oldest_first: bool = False) -> list[str]:
-    """The Trainer's ``checkpoint-<step>`` folders in ``output_dir`` (none if it is not a folder), ordered by step as a
-    number (checkpoint-100 after checkpoint-20): newest first, or oldest first with ``oldest_first``."""
-    if not os.path.isdir(output_dir):
-        return []
-    found = [
-        (int(m.group(1)), name)
-        for name in os.listdir(output_dir)
-        if (m := _CHECKPOINT.match(name)) and os.path.isdir(os.path.join(output_dir, name))
-    ]
-    return [os.path.join(output_dir, name) for _, name in sorted(found, reverse=not oldest_first)]
-
-
 def last_complete_checkpoint(output_dir: str) -> str | None:
     """The newest completely written ``checkpoint-<step>`` in ``output_dir`` (None if there is none); a drop-in
     replacement for ``transformers.trainer_utils.get_last_checkpoint`` that skips, with a warning, the folders an
     interrupted save left behind."""
-    for folder in list_checkpoint_folders(output_dir):
+    for folder in reversed(sort_checkpoints(output_dir)):  # the Trainer's checkpoint-<step> folders, newest first
         problem = checkpoint_problem(folder)
         if problem is None:
             return folder
@@ -212,7 +200,6 @@ __all__ = [
     "check_checkpoint",
     "checkpoint_problem",
     "last_complete_checkpoint",
-    "list_checkpoint_folders",
     "load_trained_model",
     "load_weights",
     "average_weights",
