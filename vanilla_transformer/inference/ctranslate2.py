@@ -55,14 +55,15 @@ def require_ctranslate2():
 
 def position_table(model, stack: str, rows: int) -> torch.Tensor:
     """The (rows, d_model) positional encodings that `model`'s encoder or decoder (`stack`) adds to positions
-    0 … rows-1: computed by the model's own sinusoid module, or its learned table."""
+    0 … rows-1: computed by the model's own sinusoid module, or its learned table. (The export writes it into the
+    CTranslate2 model; scripts/plot_attention.py draws it.)"""
     embeddings = getattr(model.model, stack).embeddings
     config = model.config
     if config.position_embedding_type == "learned":
         if rows > config.max_position_embeddings:
             raise ValueError(
-                f"max_positions={rows} exceeds the learned position table of {config.max_position_embeddings} rows; "
-                f"at most {config.max_position_embeddings} positions can be exported."
+                f"{rows} positions exceed the learned position table of {config.max_position_embeddings} rows "
+                "(max_position_embeddings)."
             )
         return embeddings.embed_positions.weight[:rows].detach().float()
     with torch.no_grad():
