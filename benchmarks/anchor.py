@@ -37,6 +37,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import torch  # noqa: E402
 from common import corpus_files, report, test_bleu  # noqa: E402
 from datasets import load_dataset  # noqa: E402
+from huggingface_hub.errors import StrictDataclassError  # noqa: E402
 from transformers import (  # noqa: E402
     DataCollatorForSeq2Seq,
     MarianConfig,
@@ -47,7 +48,7 @@ from transformers import (  # noqa: E402
 )
 
 from vanilla_transformer import VanillaTransformerConfig, VanillaTransformerForConditionalGeneration  # noqa: E402
-from vanilla_transformer.training.presets import parse_config_overrides  # noqa: E402
+from vanilla_transformer.training.presets import apply_config_overrides  # noqa: E402
 from vanilla_transformer.training.tokenizer import train_tokenizer  # noqa: E402
 
 # the same field names in MarianConfig and VanillaTransformerConfig
@@ -64,7 +65,7 @@ SIZE = {
 }
 
 
-def build_model(kind: str, vocab_size: int, overrides: dict) -> torch.nn.Module:
+def build_model(kind: str, vocab_size: int, overrides: str | None = None) -> torch.nn.Module:
     """MarianMTModel (OPUS-MT's architecture) or this project's model, at the anchor's size, with fresh weights."""
     if kind == "marian":
         config = MarianConfig(
@@ -80,7 +81,7 @@ def build_model(kind: str, vocab_size: int, overrides: dict) -> torch.nn.Module:
         )
         return MarianMTModel(config)
     # ReLU, scaled embeddings and the bos start token are our defaults (the paper's)
-    config = VanillaTransformerConfig(vocab_size=vocab_size, **SIZE, **overrides)
+    config = apply_config_overrides(VanillaTransformerConfig(vocab_size=vocab_size, **SIZE), overrides)
     return VanillaTransformerForConditionalGeneration(config)
 
 
@@ -130,6 +131,10 @@ def main(argv: list[str] | None = None) -> dict:
         parser.error("--max_train_minutes must be positive")
     if args.calibration_steps < 12:
         parser.error("--calibration_steps must be at least 12 (the first 10 steps are not timed)")
+    try:  # before the tokenizer is trained: a bad override stops the run at once
+        apply_config_overrides(VanillaTransformerConfig(vocab_size=8000, **SIZE), args.config_overrides)
+    except (ValueError, StrictDataclassError) as error:
+        parser.error(" ".join(str(error).split()))
 
     files = corpus_files(args.data_dir)
     raw = load_dataset("json", data_files=files)
@@ -143,11 +148,10 @@ def main(argv: list[str] | None = None) -> dict:
         return tokenizer([p[src] for p in pairs], text_target=[p[tgt] for p in pairs], max_length=256, truncation=True)
 
     data = raw.map(tokenize, batched=True, remove_columns=["translation"])
-    overrides = parse_config_overrides(args.config_overrides)
 
     def make_trainer(max_steps: int, output_dir: str, callbacks: list | None = None) -> Seq2SeqTrainer:
         torch.manual_seed(args.seed)  # the same initial weights for the calibration and the run
-        model = build_model(args.model, len(tokenizer), overrides)
+        model = build_model(args.model, len(tokenizer), args.config_overrides)
         training_args = Seq2SeqTrainingArguments(
             output_dir=output_dir,
             max_steps=max_steps,

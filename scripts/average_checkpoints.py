@@ -15,10 +15,12 @@ import os
 import sys
 from dataclasses import dataclass, field
 
+from huggingface_hub.errors import StrictDataclassError
 from transformers import HfArgumentParser
+from transformers.trainer_utils import sort_checkpoints
 
 import vanilla_transformer  # noqa: F401  (registers the model with the Auto classes)
-from vanilla_transformer.training.checkpoints import list_checkpoint_folders, save_averaged_model
+from vanilla_transformer.training.checkpoints import save_averaged_model
 
 
 @dataclass
@@ -50,7 +52,7 @@ def main(argv: list[str] | None = None) -> None:
                 raise ValueError(f"--num_checkpoints={args.num_checkpoints} must be at least 1.")
             if not os.path.isdir(args.checkpoint_dir):
                 raise ValueError(f"--checkpoint_dir {args.checkpoint_dir!r} is not a folder.")
-            found = list_checkpoint_folders(args.checkpoint_dir, oldest_first=True)
+            found = sort_checkpoints(args.checkpoint_dir)  # oldest first, by step
             if len(found) < args.num_checkpoints:
                 raise ValueError(
                     f"--num_checkpoints={args.num_checkpoints} but {args.checkpoint_dir!r} holds {len(found)} "
@@ -61,6 +63,8 @@ def main(argv: list[str] | None = None) -> None:
         for path in chosen:
             print(f"  {path}")
         model = save_averaged_model(chosen, args.output_dir)
+    except StrictDataclassError as error:  # a config value that @strict refuses: the field and why, on one line
+        raise SystemExit(f"average_checkpoints.py: error: {' '.join(str(error).split())}") from None
     except (ValueError, OSError) as error:
         raise SystemExit(f"average_checkpoints.py: error: {str(error).strip().splitlines()[0]}") from None
     parameters = sum(p.numel() for p in model.parameters())

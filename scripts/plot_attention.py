@@ -18,8 +18,8 @@ from dataclasses import dataclass, field
 from transformers import AutoTokenizer, HfArgumentParser
 
 import vanilla_transformer  # noqa: F401  (registers the model with the Auto classes)
+from vanilla_transformer.inference.ctranslate2 import position_table
 from vanilla_transformer.plots.plotting import (
-    model_position_table,
     plot_cross_attention,
     plot_cross_attention_heads,
     plot_positional_encoding,
@@ -74,6 +74,10 @@ def main(argv: list[str] | None = None) -> dict[str, str]:
             parser.error(
                 f"{name} {value} is out of range; the model has {size} (use 0..{size - 1}, or -1 for the last)."
             )
+    try:
+        table = position_table(model, "encoder", args.positions)  # what the encoder adds to its input
+    except ValueError as error:  # more positions than a learned table has
+        parser.error(f"--positions {args.positions}: {error}")
 
     attention = translate_with_attention(
         model, tokenizer, args.text, num_beams=args.num_beams, max_new_tokens=args.max_new_tokens
@@ -87,8 +91,7 @@ def main(argv: list[str] | None = None) -> dict[str, str]:
     }
     plot_cross_attention(attention, paths["attention"], layer=layer, head=args.head)
     plot_cross_attention_heads(attention, paths["heads"], layer=layer)
-    table, kind = model_position_table(model, args.positions)
-    plot_positional_encoding(paths["positional encoding"], table, kind)
+    plot_positional_encoding(paths["positional encoding"], table, config.position_embedding_type)
 
     print(f"source:      {args.text}")
     print(f"translation: {attention.translation}")

@@ -23,6 +23,7 @@ import sys
 from dataclasses import dataclass, field
 
 from huggingface_hub import HfApi
+from huggingface_hub.errors import StrictDataclassError
 from huggingface_hub.utils import filter_repo_objects
 from safetensors import SafetensorError
 from transformers import AutoModel, HfArgumentParser
@@ -71,6 +72,8 @@ def check_model_dir(model_dir: str) -> str | None:
         return f"--model_dir {model_dir!r} has no {' or '.join(missing)}; pass a folder written by save_pretrained"
     try:
         load_trained_model(model_dir, AutoModel)
+    except StrictDataclassError as error:  # a config value that @strict refuses: the field and why, on one line
+        return " ".join(str(error).split())
     except (OSError, ValueError, SafetensorError) as error:
         return str(error).split("\n")[0]
     return None

@@ -40,6 +40,7 @@ from dataclasses import dataclass, field
 import torch
 import transformers
 from datasets import DatasetDict
+from huggingface_hub.errors import StrictDataclassError
 from transformers import AutoTokenizer, HfArgumentParser, set_seed
 
 from vanilla_transformer import VanillaTransformerForConditionalGeneration
@@ -58,7 +59,6 @@ from vanilla_transformer.training.presets import (
     PRESETS,
     build_config,
     default_generation_config,
-    parse_config_overrides,
     training_defaults,
 )
 from vanilla_transformer.training.sharding import describe_parallelism
@@ -90,7 +90,10 @@ class ModelArguments:
     )
     config_overrides: str | None = field(
         default=None,
-        metadata={"help": "Config fields to change, e.g. 'd_model=256,encoder_layers=3,dropout=0.2'."},
+        metadata={
+            "help": "Config fields to change, e.g. 'd_model=256,encoder_layers=3,dropout=0.2' (read by transformers' "
+            "PreTrainedConfig.update_from_string: each value as the type of the field's current value)."
+        },
     )
     tokenizer_name: str | None = field(
         default=None,
@@ -254,7 +257,7 @@ def build_model(model_args, tokenizer, tokenizer_source):
         config = build_config(
             preset=model_args.preset,
             config_name=model_args.config_name,
-            overrides=parse_config_overrides(model_args.config_overrides),
+            overrides=model_args.config_overrides,
             vocab_size=len(tokenizer),
         )
         model = VanillaTransformerForConditionalGeneration(config)
@@ -330,6 +333,8 @@ def main(argv: list[str] | None = None, callbacks=None) -> dict:
                 load_from_cache_file=not data_args.overwrite_cache,
                 print_fn=print if is_main else None,
             )
+    except StrictDataclassError as error:  # a config value that @strict refuses: the field and why, on one line
+        raise SystemExit(f"train.py: error: {' '.join(str(error).split())}") from None
     except (DataError, ValueError, OSError) as error:
         raise SystemExit(f"train.py: error: {str(error).strip().splitlines()[0]}") from None
 

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 
 import torch
 import transformers
+from huggingface_hub.errors import StrictDataclassError
 from transformers import HfArgumentParser
 
 import vanilla_transformer  # noqa: F401  (registers the model with the Auto classes)
@@ -127,6 +128,8 @@ def main(argv: list[str] | None = None) -> None:
             )
         else:
             model, tokenizer = load_translator(args.model_dir, device=args.device)
+    except StrictDataclassError as error:  # a config value that @strict refuses: the field and why, on one line
+        raise SystemExit(f"translate.py: error: {' '.join(str(error).split())}") from None
     except (ValueError, OSError, ImportError, RuntimeError) as error:
         raise SystemExit(f"translate.py: error: {str(error).strip().splitlines()[0]}") from None
 
@@ -155,13 +158,16 @@ def main(argv: list[str] | None = None) -> None:
             output.close()
     print(f"translated {len(sentences)} sentences in {seconds:.1f} s", file=sys.stderr)
     if references is not None:
-        from vanilla_transformer.training.metrics import load_metric
+        import sacrebleu
 
-        bleu = load_metric("sacrebleu").compute(predictions=translations, references=references)
-        chrf = load_metric("chrf").compute(predictions=translations, references=references)
+        bleu, chrf = sacrebleu.BLEU(), sacrebleu.CHRF()
+        bleu_score, chrf_score = (
+            bleu.corpus_score(translations, [references]),
+            chrf.corpus_score(translations, [references]),
+        )
         exact = 100.0 * sum(h.strip() == r.strip() for h, r in zip(translations, references)) / max(len(references), 1)
-        print(f"sacreBLEU  {bleu['score']:.2f}  ({bleu['signature']})", file=sys.stderr)
-        print(f"chrF       {chrf['score']:.2f}  ({chrf['signature']})", file=sys.stderr)
+        print(f"sacreBLEU  {bleu_score.score:.2f}  ({bleu.get_signature()})", file=sys.stderr)
+        print(f"chrF       {chrf_score.score:.2f}  ({chrf.get_signature()})", file=sys.stderr)
         print(f"exact      {exact:.2f}%", file=sys.stderr)
 
 

@@ -5,6 +5,7 @@ import struct
 from pathlib import Path
 
 import pytest
+import sacrebleu
 from conftest import load_script
 
 
@@ -140,12 +141,16 @@ import json, os, sys
 from transformers import HfArgumentParser, Seq2SeqTrainingArguments
 
 # what the real script needs from its working directory: evaluate.load("sacrebleu") finds the module here, offline
+import evaluate
 assert os.path.isfile(os.path.join("sacrebleu", "sacrebleu.py")), os.getcwd()
+metric = evaluate.load("sacrebleu")
+bleu = metric.compute(predictions=["the cat sat on a mat"], references=[["the cat sat on the mat"]])["score"]
 (training_args, rest) = HfArgumentParser(Seq2SeqTrainingArguments).parse_args_into_dataclasses(
     sys.argv[1:], return_remaining_strings=True
 )
 os.makedirs(training_args.output_dir)
 results = {"train_samples_per_second": 12.5, "train_runtime": 3.0, "rest": rest, "steps": training_args.max_steps}
+results["bleu"] = bleu
 with open(os.path.join(training_args.output_dir, "all_results.json"), "w") as f:
     json.dump(results, f)
 """
@@ -180,6 +185,10 @@ def test_end_to_end_driver_runs_the_official_script_from_a_folder_with_the_metri
     with open(run_dir / "output" / "all_results.json") as f:
         written = json.load(f)
     assert written["steps"] == 7 and written["rest"][:2] == ["--model_name_or_path", str(out / "marian-init")]
+    # the metric the script loads is benchmarks/metrics/sacrebleu.py, and it scores as the sacrebleu package
+    assert written["bleu"] == pytest.approx(
+        sacrebleu.corpus_bleu(["the cat sat on a mat"], [["the cat sat on the mat"]]).score
+    )
     assert {"--train_file", "--source_lang", "--target_lang", "--max_source_length"} <= set(written["rest"])
     model = MarianMTModel.from_pretrained(out / "marian-init")
     assert model.config.vocab_size == len(AutoTokenizer.from_pretrained(out / "marian-init"))

@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 import safetensors.torch
 import torch
-from conftest import ROOT, tiny_config, tiny_model, word_tokenizer
+from conftest import ROOT, load_script, tiny_config, tiny_model, word_tokenizer
+from huggingface_hub.errors import StrictDataclassError
 from transformers import AutoConfig, AutoModelForSeq2SeqLM
 
 from vanilla_transformer import VanillaTransformerForConditionalGeneration
@@ -192,8 +193,26 @@ def test_config_json_with_an_invalid_value(tmp_path, field, value):
     data = json.loads(path.read_text())
     data[field] = value
     path.write_text(json.dumps(data))
-    with pytest.raises(ValueError, match=r"VanillaTransformerConfig: `\w+`=.* is invalid"):
+    with pytest.raises(StrictDataclassError, match=rf"(?s){field}.*{value}"):
         AutoConfig.from_pretrained(tmp_path)
+
+
+@pytest.mark.parametrize("script", ["translate", "average_checkpoints"])
+def test_scripts_report_an_invalid_config_on_one_line(tmp_path, script):
+    model_dir = tmp_path / "model"
+    tiny_model().save_pretrained(model_dir)
+    word_tokenizer([f"w{i}" for i in range(VOCAB - 4)]).save_pretrained(model_dir)
+    data = json.loads((model_dir / "config.json").read_text())
+    (model_dir / "config.json").write_text(json.dumps({**data, "dropout": 1.5}))
+    argv = {
+        "translate": ["--model_dir", str(model_dir), "--text", "w1", "--device", "cpu"],
+        "average_checkpoints": ["--checkpoints", str(model_dir), "--output_dir", str(tmp_path / "average")],
+    }[script]
+    with pytest.raises(SystemExit) as info:
+        load_script(script).main(argv)
+    text = str(info.value.code)
+    assert text.startswith(f"{script}.py: error: ") and "\n" not in text, text
+    assert "`dropout`=1.5 is invalid; it must be a probability in [0, 1)" in text, text
 
 
 def _truncate(path: Path, keep: float) -> None:

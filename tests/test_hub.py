@@ -340,6 +340,18 @@ def test_model_card_describes_each_config_and_refresh_keeps_what_was_recorded(tm
         write_model_card(str(tmp_path / "missing"))
 
 
+def test_model_card_counts_the_parameters_of_a_sharded_checkpoint(tmp_path):
+    model = VanillaTransformerForConditionalGeneration(tiny_config())
+    model.save_pretrained(tmp_path, max_shard_size="50KB")
+    assert len(list(tmp_path.glob("model-*-of-*.safetensors"))) > 1
+    write_model_card(str(tmp_path))
+    parameters = sum(p.numel() for p in model.parameters())  # tied matrices once
+    assert f"| parameters | {parameters:,} |" in (tmp_path / "README.md").read_text()
+    next(tmp_path.glob("model-*-of-*.safetensors")).unlink()
+    write_model_card(str(tmp_path))
+    assert "| parameters | unknown |" in (tmp_path / "README.md").read_text()
+
+
 @pytest.mark.usefixtures("one_thread")
 def test_translation_pipeline_gives_what_generate_gives(checkpoint):
     translator = pipeline("translation", model=str(checkpoint.path), trust_remote_code=True)

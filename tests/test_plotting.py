@@ -14,13 +14,13 @@ from PIL import Image
 from transformers import DataCollatorForSeq2Seq, PreTrainedTokenizerFast, Seq2SeqTrainer, Seq2SeqTrainingArguments
 
 from vanilla_transformer import VanillaTransformerForConditionalGeneration
+from vanilla_transformer.inference.ctranslate2 import position_table
 from vanilla_transformer.plots.plotting import (
     attention_matrix,
     find_trainer_state,
     plot_cross_attention,
     plot_cross_attention_heads,
     plot_training_curves,
-    sinusoidal_table,
     translate_with_attention,
 )
 
@@ -111,12 +111,28 @@ def test_attention_needs_eager_and_valid_indices(model_dir):
 
 
 def test_positional_encoding_table_is_the_papers_formula(tmp_path):
-    table = sinusoidal_table(d_model=16, num_positions=50)
-    pos, i = 37, 3
-    assert table[pos, 2 * i].item() == pytest.approx(math.sin(pos / 10000 ** (2 * i / 16)), abs=1e-5)
-    assert table[pos, 2 * i + 1].item() == pytest.approx(math.cos(pos / 10000 ** (2 * i / 16)), abs=1e-5)
-    with pytest.raises(ValueError, match="d_model=15"):
-        sinusoidal_table(d_model=15, num_positions=10)
+    """The table plot_attention.py draws (the one the CTranslate2 export writes): what the encoder adds."""
+    table = position_table(tiny_model(), "encoder", 200)  # sinusoids reach past max_position_embeddings=128
+    pos, i = 137, 3
+    assert table.shape == (200, 32)
+    assert table[pos, 2 * i].item() == pytest.approx(math.sin(pos / 10000 ** (2 * i / 32)), abs=1e-5)
+    assert table[pos, 2 * i + 1].item() == pytest.approx(math.cos(pos / 10000 ** (2 * i / 32)), abs=1e-5)
+    learned = tiny_model(position_embedding_type="learned")
+    weight = learned.model.encoder.embeddings.embed_positions.weight
+    assert torch.equal(position_table(learned, "encoder", 50), weight[:50].detach())
+    with pytest.raises(ValueError, match="129 positions exceed the learned position table of 128 rows"):
+        position_table(learned, "encoder", 129)
+
+
+def test_plot_attention_refuses_more_positions_than_a_learned_table(tmp_path, capsys):
+    tokenizer = word_tokenizer(WORDS)
+    tiny_model(vocab_size=len(tokenizer), position_embedding_type="learned").save_pretrained(tmp_path)
+    tokenizer.save_pretrained(tmp_path)
+    argv = ["--model_dir", str(tmp_path), "--text", "drei", "--output_dir", str(tmp_path / "plots")]
+    with pytest.raises(SystemExit):
+        load_script("plot_attention").main([*argv, "--positions", "129"])
+    assert "--positions 129: 129 positions exceed the learned position table of 128 rows" in capsys.readouterr().err
+    assert not (tmp_path / "plots").exists()  # refused before anything was drawn
 
 
 def log_history() -> list[dict]:

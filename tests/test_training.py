@@ -4,12 +4,14 @@ resuming, data parallel training with Accelerate, and one-line errors before any
 import dataclasses
 import json
 import os
+import re
 import subprocess
 import sys
 
 import pytest
 import torch
 from conftest import ROOT, TINY_OVERRIDES, free_port, load_script, run_script, script_env, tiny_model
+from huggingface_hub.errors import StrictDataclassError
 from safetensors.torch import load_file
 from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import (
@@ -19,18 +21,14 @@ from transformers import (
     Seq2SeqTrainingArguments,
     TrainerCallback,
 )
+from transformers.trainer_utils import sort_checkpoints
 
 from vanilla_transformer import VanillaTransformerConfig
 from vanilla_transformer.inference.translate import translate
 from vanilla_transformer.training.arguments import implied_defaults
-from vanilla_transformer.training.checkpoints import list_checkpoint_folders, save_averaged_model
+from vanilla_transformer.training.checkpoints import load_weights, save_averaged_model
 from vanilla_transformer.training.data import demo_corpus
-from vanilla_transformer.training.presets import (
-    PRESETS,
-    build_config,
-    default_generation_config,
-    parse_config_overrides,
-)
+from vanilla_transformer.training.presets import PRESETS, build_config, default_generation_config
 from vanilla_transformer.training.tokenizer import iterate_texts, train_tokenizer
 from vanilla_transformer.training.trainer import build_trainer
 
@@ -78,7 +76,7 @@ def test_presets():
     assert (base.d_model, base.encoder_layers, base.encoder_attention_heads, base.encoder_ffn_dim) == (512, 6, 8, 2048)
     assert (big.d_model, big.decoder_layers, big.decoder_attention_heads, big.decoder_ffn_dim) == (1024, 6, 16, 4096)
     assert (base.dropout, big.dropout) == (0.1, 0.3)
-    small = build_config("small", vocab_size=400, overrides=parse_config_overrides("d_model=64,dropout=0.2"))
+    small = build_config("small", vocab_size=400, overrides="d_model=64,dropout=0.2")
     assert (small.vocab_size, small.decoder_vocab_size, small.d_model, small.dropout) == (400, 400, 64, 0.2)
     # the peak learning rate of each preset is the paper's d_model^-0.5 * warmup^-0.5
     for name, config in (("base", base), ("big", big)):
@@ -86,10 +84,33 @@ def test_presets():
         assert training["learning_rate"] == pytest.approx(
             config.d_model**-0.5 * training["warmup_steps"] ** -0.5, rel=0.02
         )
-    with pytest.raises(ValueError, match="'heads' is not a VanillaTransformerConfig field"):
-        parse_config_overrides("heads=4")
     with pytest.raises(ValueError, match="--preset 'huge' is unknown"):
         build_config("huge")
+
+
+def test_config_overrides_are_read_by_update_from_string_and_checked():
+    """--config_overrides goes through transformers' PreTrainedConfig.update_from_string (as run_translation.py's);
+    every value is read as the type of the field's current value, and the config's checks run once more."""
+    overrides = "d_model=64, dropout=0.2,position_embedding_type=learned,normalize_before=true,hidden_size=96,"
+    config = build_config("small", vocab_size=400, overrides=overrides)
+    assert (config.d_model, config.dropout, config.position_embedding_type) == (96, 0.2, "learned")
+    assert config.normalize_before is True and type(config.dropout) is float
+    separate = build_config(
+        "small", vocab_size=400, overrides="share_encoder_decoder_embeddings=false,decoder_vocab_size=300"
+    )
+    assert (separate.vocab_size, separate.decoder_vocab_size) == (400, 300)
+    for overrides, error, message in [
+        ("heads=4", ValueError, "--config_overrides: 'heads=4': key heads isn't in the original config dict"),
+        ("d_model", ValueError, "--config_overrides: 'd_model' is not of the form key=value"),
+        ("d_model=big", ValueError, "'d_model=big': invalid literal for int()"),
+        ("normalize_before=maybe", ValueError, "can't derive true or false from maybe (key normalize_before)"),
+        ("position_embedding_type=rotary", StrictDataclassError, "'position_embedding_type' expected one of"),
+        ("d_model=30", StrictDataclassError, "`encoder_attention_heads`=4 is invalid; d_model=30 must be divisible"),
+        ("dropout=1.5", StrictDataclassError, "`dropout`=1.5 is invalid; it must be a probability in [0, 1)"),
+        ("decoder_vocab_size=300", StrictDataclassError, "it must equal vocab_size=400"),
+    ]:
+        with pytest.raises(error, match=re.escape(message)):
+            build_config("small", vocab_size=400, overrides=overrides)
 
 
 def test_preset_defaults_yield_to_flags(tmp_path):
@@ -255,7 +276,7 @@ def test_train_translate_average_end_to_end(tmp_path):
     assert (tokenizer.pad_token_id, tokenizer.bos_token_id, tokenizer.eos_token_id, len(tokenizer)) == (0, 1, 2, 300)
     model = AutoModelForSeq2SeqLM.from_pretrained(str(out))
     assert model.config.d_model == 32 and model.config.vocab_size == 300
-    assert [os.path.basename(p) for p in list_checkpoint_folders(str(out))] == ["checkpoint-8", "checkpoint-4"]
+    assert [os.path.basename(p) for p in sort_checkpoints(str(out))] == ["checkpoint-4", "checkpoint-8"]
 
     # translate.py: stdin in, translations out in input order, scores on stderr
     sources = ["dreihundertzweiundvierzig", "eins", "neuntausendneunhundertneunundneunzig", "", "siebzehn"]
@@ -311,13 +332,18 @@ def test_average_picks_the_last_checkpoints_by_step_and_is_exact(tmp_path):
         with torch.no_grad():
             for parameter in model.parameters():
                 parameter.fill_(value)
-        model.save_pretrained(str(tmp_path / f"checkpoint-{step}"))
-    (tmp_path / "checkpoint-300-tmp").mkdir()  # not a checkpoint
+        model.save_pretrained(str(tmp_path / f"checkpoint-{step}"), max_shard_size="50KB" if step == 100 else "1GB")
+    assert len(list((tmp_path / "checkpoint-100").glob("model-*-of-*.safetensors"))) > 1  # a sharded one is averaged
+    assert load_weights(str(tmp_path / "checkpoint-100")).keys() == load_weights(str(tmp_path / "checkpoint-50")).keys()
+    (tmp_path / "checkpoint-best").mkdir()  # no step: not a checkpoint
     (tmp_path / "checkpoint-400").write_text("")  # nor is a file
-    found = list_checkpoint_folders(str(tmp_path), oldest_first=True)
-    assert [os.path.basename(p) for p in found] == [f"checkpoint-{s}" for s in (10, 20, 50, 100, 200)]
-    assert list_checkpoint_folders(str(tmp_path)) == found[::-1]  # newest first by default
-    averaged = save_averaged_model(found[-3:], str(tmp_path / "avg"))
+    # average_checkpoints.py picks the last 3 by step (transformers' sort_checkpoints, as the Trainer's rotation)
+    load_script("average_checkpoints").main(
+        ["--checkpoint_dir", str(tmp_path), "--num_checkpoints", "3", "--output_dir", str(tmp_path / "avg")]
+    )
+    averaged = save_averaged_model(
+        [str(tmp_path / f"checkpoint-{step}") for step in (50, 100, 200)], str(tmp_path / "direct")
+    )
     reloaded = AutoModelForSeq2SeqLM.from_pretrained(str(tmp_path / "avg"))
     for parameters in (averaged.parameters(), reloaded.parameters()):
         for parameter in parameters:
@@ -512,4 +538,7 @@ def test_bad_data_and_tokenizers_are_refused_before_training(tmp_path, demo_toke
         ],
         "'x' is not of the form key=value",
     )
+    tokenizer_and_overrides = ["--output_dir", str(tmp_path / "out"), "--tokenizer_name", demo_tokenizer]
+    expect_exit([*tokenizer_and_overrides, "--config_overrides", "heads=4"], "key heads isn't in the original config")
+    expect_exit([*tokenizer_and_overrides, "--config_overrides", "dropout=1.5"], "`dropout`=1.5 is invalid")
     assert not (tmp_path / "out" / "model.safetensors").exists()

@@ -3,12 +3,9 @@
 
 import os
 import shutil
-from dataclasses import fields
-from functools import wraps
-from typing import Literal, get_args, get_origin
+from typing import Literal
 
 from huggingface_hub.dataclasses import strict
-from huggingface_hub.errors import StrictDataclassError
 from transformers import PreTrainedConfig
 
 SIZES = ("vocab_size", "decoder_vocab_size", "d_model", "encoder_layers", "decoder_layers", "encoder_attention_heads")
@@ -33,26 +30,6 @@ def save_pipeline_code(save_directory: str | os.PathLike) -> None:
         shutil.copy(source, save_directory)  # copy, not copy2: a fresh mtime marks it modified for an upload
 
 
-def _value_errors(cls):
-    """`@strict` refuses a value with a huggingface_hub StrictDataclassError; the package's callers catch ValueError."""
-
-    @wraps(strict_init := cls.__init__)
-    def __init__(self, **kwargs):
-        try:
-            strict_init(self, **kwargs)
-        except StrictDataclassError as error:  # fields are set in order: one refused by its type is the first unset
-            reason, field = error.__cause__, next((f for f in fields(cls) if f.name not in vars(self)), None)
-            if field is not None and field.name in kwargs:
-                kind, names = getattr(field.type, "__name__", field.type), get_args(field.type)
-                allowed = f"allowed: {', '.join(names)}" if get_origin(field.type) is Literal else f"it must be {kind}"
-                reason = f"`{field.name}`={kwargs[field.name]!r} is invalid; {allowed}."
-            raise ValueError(f"VanillaTransformerConfig: {reason}") from error
-
-    cls.__init__ = __init__
-    return cls
-
-
-@_value_errors
 @strict
 class VanillaTransformerConfig(PreTrainedConfig):
     """Hyperparameters of the paper's encoder-decoder; the defaults are the base model of Table 3."""

@@ -15,10 +15,10 @@ import json
 import math
 import os
 import re
-import struct
 from typing import Any
 
 from huggingface_hub import EvalResult, ModelCardData, metadata_load
+from safetensors import safe_open
 
 DEFAULT_LICENSE = "apache-2.0"
 RESULTS_FILE = "all_results.json"
@@ -235,7 +235,8 @@ def _eval_results(
 
 
 def _count_parameters(model_dir: str) -> int | None:
-    """Count the stored parameters from the safetensors headers (tied matrices are stored, and counted, once)."""
+    """Count the stored parameters from the tensor shapes that safetensors reads from the file headers, without
+    loading the tensors (tied matrices are stored, and counted, once); None when a weights file is missing."""
     index = _read_json(os.path.join(model_dir, "model.safetensors.index.json"))
     files = sorted(set(index["weight_map"].values())) if index else ["model.safetensors"]
     total = 0
@@ -243,10 +244,8 @@ def _count_parameters(model_dir: str) -> int | None:
         path = os.path.join(model_dir, name)
         if not os.path.isfile(path):
             return None
-        with open(path, "rb") as f:
-            (header_size,) = struct.unpack("<Q", f.read(8))
-            header = json.loads(f.read(header_size))
-        total += sum(math.prod(t["shape"]) for key, t in header.items() if key != "__metadata__")
+        with safe_open(path, framework="pt") as f:
+            total += sum(math.prod(f.get_slice(key).get_shape()) for key in f.keys())
     return total
 
 

@@ -34,6 +34,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
+from huggingface_hub.errors import StrictDataclassError
 
 INSTALL_HINT = "CTranslate2 is not installed; install it with: pip install 'vanilla-transformer[ctranslate2]'"
 QUANTIZATIONS = ("int8", "int8_float32", "int16", "float32", "float16", "bfloat16")
@@ -54,14 +55,15 @@ def require_ctranslate2():
 
 def position_table(model, stack: str, rows: int) -> torch.Tensor:
     """The (rows, d_model) positional encodings that `model`'s encoder or decoder (`stack`) adds to positions
-    0 … rows-1: computed by the model's own sinusoid module, or its learned table."""
+    0 … rows-1: computed by the model's own sinusoid module, or its learned table. (The export writes it into the
+    CTranslate2 model; scripts/plot_attention.py draws it.)"""
     embeddings = getattr(model.model, stack).embeddings
     config = model.config
     if config.position_embedding_type == "learned":
         if rows > config.max_position_embeddings:
             raise ValueError(
-                f"max_positions={rows} exceeds the learned position table of {config.max_position_embeddings} rows; "
-                f"at most {config.max_position_embeddings} positions can be exported."
+                f"{rows} positions exceed the learned position table of {config.max_position_embeddings} rows "
+                "(max_position_embeddings)."
             )
         return embeddings.embed_positions.weight[:rows].detach().float()
     with torch.no_grad():
@@ -210,6 +212,8 @@ def export_ctranslate2(
         raise ValueError(f"{model_dir!r} is already a CTranslate2 export; export the saved transformers model.")
     try:
         config = AutoConfig.from_pretrained(model_dir)
+    except StrictDataclassError as error:  # a value the config refuses: the field and why
+        raise ValueError(f"{model_dir!r} holds an invalid model config: {' '.join(str(error).split())}") from None
     except (ValueError, OSError, KeyError) as error:
         raise ValueError(f"{model_dir!r} holds no readable model config: {str(error).splitlines()[0]}") from None
     rows = check_exportable(config, max_positions)

@@ -15,8 +15,7 @@ import os
 from dataclasses import dataclass
 
 import torch
-
-from ..training.checkpoints import list_checkpoint_folders
+from transformers.trainer_utils import sort_checkpoints
 
 PLOT_EXTRA_HINT = "pip install 'vanilla-transformer[plot]' (or pip install matplotlib)"
 
@@ -217,26 +216,6 @@ def plot_cross_attention_heads(attention: TranslationAttention, path: str, layer
 # --------------------------------------------------------------------------------------------------------------------
 
 
-def sinusoidal_table(d_model: int, num_positions: int) -> torch.Tensor:
-    """The (num_positions, d_model) table of §3.5, computed by the model's own ``SinusoidalPositionalEncoding``."""
-    from ..modeling_vanilla_transformer import SinusoidalPositionalEncoding
-
-    if isinstance(num_positions, bool) or not isinstance(num_positions, int) or num_positions <= 0:
-        raise ValueError(f"num_positions={num_positions!r} is invalid; it must be a positive integer.")
-    if isinstance(d_model, bool) or not isinstance(d_model, int) or d_model <= 0 or d_model % 2:
-        raise ValueError(f"d_model={d_model!r} is invalid; it must be a positive even integer.")
-    return SinusoidalPositionalEncoding(d_model)(torch.arange(num_positions))
-
-
-def model_position_table(model, num_positions: int) -> tuple[torch.Tensor, str]:
-    """The positions the model adds to its encoder input: the sinusoids, or the learned table (Table 3, row E)."""
-    config = model.config
-    if config.position_embedding_type == "learned":
-        table = model.get_encoder().embeddings.embed_positions.weight.detach().float().cpu()
-        return table[:num_positions], "learned"
-    return sinusoidal_table(config.d_model, num_positions), "sinusoidal"
-
-
 def plot_positional_encoding(
     path: str, table: torch.Tensor, kind: str = "sinusoidal", curves: tuple[int, ...] | None = None
 ) -> torch.Tensor:
@@ -286,7 +265,7 @@ def find_trainer_state(path: str) -> str:
     state = os.path.join(path, "trainer_state.json")
     if os.path.isfile(state):
         return state
-    for checkpoint in list_checkpoint_folders(path):  # newest first
+    for checkpoint in reversed(sort_checkpoints(path)):  # the Trainer's checkpoint-<step> folders, newest first
         state = os.path.join(checkpoint, "trainer_state.json")
         if os.path.isfile(state):
             return state
@@ -369,12 +348,10 @@ __all__ = [
     "attention_matrix",
     "find_trainer_state",
     "load_log_history",
-    "model_position_table",
     "plot_cross_attention",
     "plot_cross_attention_heads",
     "plot_positional_encoding",
     "plot_training_curves",
-    "sinusoidal_table",
     "training_curves",
     "translate_with_attention",
 ]

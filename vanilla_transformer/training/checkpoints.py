@@ -26,7 +26,11 @@ from collections.abc import Sequence
 
 import torch
 from safetensors import SafetensorError, safe_open
+from safetensors.torch import load_file
 from transformers import AutoTokenizer, PreTrainedModel
+from transformers.trainer_utils import sort_checkpoints
+from transformers.utils import SAFE_WEIGHTS_INDEX_NAME, SAFE_WEIGHTS_NAME
+from transformers.utils.hub import get_checkpoint_shard_files
 
 from .sharding import tied_names
 
@@ -90,24 +94,11 @@ def check_checkpoint(folder: str) -> None:
         )
 
 
-def list_checkpoint_folders(output_dir: str, oldest_first: bool = False) -> list[str]:
-    """The Trainer's ``checkpoint-<step>`` folders in ``output_dir`` (none if it is not a folder), ordered by step as a
-    number (checkpoint-100 after checkpoint-20): newest first, or oldest first with ``oldest_first``."""
-    if not os.path.isdir(output_dir):
-        return []
-    found = [
-        (int(m.group(1)), name)
-        for name in os.listdir(output_dir)
-        if (m := _CHECKPOINT.match(name)) and os.path.isdir(os.path.join(output_dir, name))
-    ]
-    return [os.path.join(output_dir, name) for _, name in sorted(found, reverse=not oldest_first)]
-
-
 def last_complete_checkpoint(output_dir: str) -> str | None:
     """The newest completely written ``checkpoint-<step>`` in ``output_dir`` (None if there is none); a drop-in
     replacement for ``transformers.trainer_utils.get_last_checkpoint`` that skips, with a warning, the folders an
     interrupted save left behind."""
-    for folder in list_checkpoint_folders(output_dir):
+    for folder in reversed(sort_checkpoints(output_dir)):  # the Trainer's checkpoint-<step> folders, newest first
         problem = checkpoint_problem(folder)
         if problem is None:
             return folder
@@ -140,20 +131,15 @@ _MODEL_BODY = ("shared", "encoder", "decoder")
 
 
 def load_weights(checkpoint: str) -> dict[str, torch.Tensor]:
-    """The tensors of a saved model (one safetensors file or a sharded set), as stored: tied copies appear once."""
-    from safetensors.torch import load_file
-
-    single = os.path.join(checkpoint, "model.safetensors")
-    index = os.path.join(checkpoint, "model.safetensors.index.json")
+    """The tensors of a saved model (one safetensors file or a sharded set, whose shards transformers'
+    ``get_checkpoint_shard_files`` reads from the index as ``from_pretrained`` does), as stored: tied copies appear
+    once."""
+    single, index = os.path.join(checkpoint, SAFE_WEIGHTS_NAME), os.path.join(checkpoint, SAFE_WEIGHTS_INDEX_NAME)
     if os.path.isfile(single):
         return load_file(single)
     if os.path.isfile(index):
-        with open(index) as f:
-            shards = sorted(set(json.load(f)["weight_map"].values()))
-        weights = {}
-        for shard in shards:
-            weights.update(load_file(os.path.join(checkpoint, shard)))
-        return weights
+        shards, _ = get_checkpoint_shard_files(checkpoint, index)
+        return {name: tensor for shard in shards for name, tensor in load_file(shard).items()}
     raise ValueError(f"{checkpoint!r} holds no model.safetensors (or sharded index); is it a saved model?")
 
 
@@ -214,7 +200,6 @@ __all__ = [
     "check_checkpoint",
     "checkpoint_problem",
     "last_complete_checkpoint",
-    "list_checkpoint_folders",
     "load_trained_model",
     "load_weights",
     "average_weights",

@@ -3,8 +3,6 @@ training defaults that each preset brings."""
 
 from __future__ import annotations
 
-import inspect
-import json
 import os
 
 from transformers import GenerationConfig
@@ -101,33 +99,32 @@ PRESETS: dict[str, dict] = {
 }
 
 
-def parse_config_overrides(overrides: str | None) -> dict:
-    """`"d_model=64,dropout=0.2,position_embedding_type=learned"` -> a dict; values are parsed as JSON when they can
-    be (numbers, true/false, null), else kept as strings."""
-    result = {}
-    for item in (overrides or "").split(","):
-        if not item.strip():
-            continue
-        if "=" not in item:
+def apply_config_overrides(config: VanillaTransformerConfig, overrides: str | None) -> VanillaTransformerConfig:
+    """Apply `"d_model=64,dropout=0.2,position_embedding_type=learned"` to `config` with transformers'
+    `PreTrainedConfig.update_from_string` (as run_translation.py's `--config_overrides`: each value is read as the type
+    of the field's current value, booleans as true/false), then run the config's checks again. A key the config lacks
+    or a value of the wrong kind raises ValueError naming the item; a value the config refuses raises huggingface_hub's
+    StrictDataclassError, as at construction."""
+    for item in filter(None, (part.strip() for part in (overrides or "").split(","))):
+        if item.count("=") != 1:
             raise ValueError(f"--config_overrides: {item!r} is not of the form key=value.")
-        key, value = (part.strip() for part in item.split("=", 1))
-        if key not in inspect.signature(VanillaTransformerConfig.__init__).parameters:
-            raise ValueError(f"--config_overrides: {key!r} is not a VanillaTransformerConfig field.")
         try:
-            result[key] = json.loads(value)
-        except json.JSONDecodeError:
-            result[key] = value
-    return result
+            config.update_from_string(item)
+        except (ValueError, TypeError, AttributeError) as error:  # an unknown key, a value not of the field's type
+            raise ValueError(f"--config_overrides: {item!r}: {error}.") from None
+    config.validate()
+    return config
 
 
 def build_config(
     preset: str | None = None,
     config_name: str | None = None,
-    overrides: dict | None = None,
+    overrides: str | None = None,
     vocab_size: int | None = None,
 ) -> VanillaTransformerConfig:
-    """A fresh model's config: from a JSON file/folder (`config_name`) or a preset, then `overrides`; `vocab_size`
-    (the tokenizer's) replaces the config's unless the config already holds that many entries."""
+    """A fresh model's config: from a JSON file/folder (`config_name`) or a preset, then `overrides` (the
+    `--config_overrides` string, see `apply_config_overrides`); `vocab_size` (the tokenizer's) replaces the config's
+    unless the config already holds that many entries."""
     if config_name is not None:
         if not os.path.exists(config_name):
             raise ValueError(f"--config_name {config_name!r} does not exist.")
@@ -143,10 +140,9 @@ def build_config(
     if config_name is None and vocab_size is not None:
         # a preset's vocabulary is the tokenizer's; a config file's is what the user wrote (checked against it later)
         fields["vocab_size"] = fields["decoder_vocab_size"] = vocab_size
-    fields.update(overrides or {})
     fields.pop("model_type", None)
     fields.pop("transformers_version", None)
-    return VanillaTransformerConfig(**fields)
+    return apply_config_overrides(VanillaTransformerConfig(**fields), overrides)
 
 
 def default_generation_config(config, num_beams: int = 4, max_length: int = 257) -> GenerationConfig:

@@ -30,13 +30,23 @@ from .sharding import (
 from .time_budget import BudgetProgressCallback, TimeBudgetCallback, find_time_budget
 
 
-def make_compute_metrics(tokenizer) -> Callable:
-    """compute_metrics for Seq2SeqTrainer with predict_with_generate: sacreBLEU, chrF (the package's own `evaluate`
-    modules, offline), exact match (%, after stripping spaces) and the mean generated length in tokens."""
-    from .metrics import load_metric
+def generated_lengths(predictions: np.ndarray, pad: int, eos: int | None, start: int | None) -> np.ndarray:
+    """Tokens in each generated row up to and including its first eos; the decoder start token and padding (after a
+    finished beam, pad or eos again) do not count."""
+    is_eos = predictions == eos
+    has_eos = is_eos.any(axis=1)
+    first_eos = np.where(has_eos, is_eos.argmax(axis=1), predictions.shape[1])
+    before = np.arange(predictions.shape[1])[None, :] < first_eos[:, None]
+    return np.count_nonzero(before & (predictions != pad) & (predictions != start), axis=1) + has_eos
 
-    bleu, chrf = load_metric("sacrebleu"), load_metric("chrf")
-    pad = tokenizer.pad_token_id
+
+def make_compute_metrics(tokenizer) -> Callable:
+    """compute_metrics for Seq2SeqTrainer with predict_with_generate: sacreBLEU and chrF (`sacrebleu.corpus_bleu`,
+    `sacrebleu.corpus_chrf`), exact match (%, after stripping spaces) and the mean generated length in tokens
+    (`generated_lengths`; the decoder starts from the tokenizer's bos, as `check_tokenizer_matches_config` checks)."""
+    import sacrebleu
+
+    pad, eos, start = tokenizer.pad_token_id, tokenizer.eos_token_id, tokenizer.bos_token_id
 
     def compute_metrics(eval_prediction) -> dict[str, float]:
         predictions, labels = eval_prediction.predictions, eval_prediction.label_ids
@@ -48,10 +58,10 @@ def make_compute_metrics(tokenizer) -> Callable:
         hypotheses = [s.strip() for s in tokenizer.batch_decode(predictions, skip_special_tokens=True)]
         references = [s.strip() for s in tokenizer.batch_decode(labels, skip_special_tokens=True)]
         return {
-            "bleu": round(bleu.compute(predictions=hypotheses, references=references)["score"], 4),
-            "chrf": round(chrf.compute(predictions=hypotheses, references=references)["score"], 4),
+            "bleu": round(sacrebleu.corpus_bleu(hypotheses, [references]).score, 4),
+            "chrf": round(sacrebleu.corpus_chrf(hypotheses, [references]).score, 4),
             "exact_match": round(100.0 * float(np.mean([h == r for h, r in zip(hypotheses, references)])), 4),
-            "gen_len": round(float(np.mean(np.count_nonzero(predictions != pad, axis=1))), 4),
+            "gen_len": round(float(np.mean(generated_lengths(predictions, pad, eos, start))), 4),
         }
 
     return compute_metrics

@@ -1,5 +1,6 @@
-"""sacreBLEU (Post, 2018) as an `evaluate` metric module, shipped with vanilla-transformer so that it loads offline:
-`evaluate.load("<package>/metrics/sacrebleu")`. Backed by the `sacrebleu` package; scores are on a 0-100 scale."""
+"""sacreBLEU (Post, 2018) as an `evaluate` metric module, for transformers' run_translation.py in
+benchmarks/end_to_end.py: copied there as `sacrebleu/sacrebleu.py` into the script's working directory, so that its
+`evaluate.load("sacrebleu")` loads it offline. Backed by the `sacrebleu` package; scores are on a 0-100 scale."""
 
 import datasets
 import evaluate
