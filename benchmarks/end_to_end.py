@@ -11,8 +11,14 @@ examples/pytorch/translation/run_translation.py, in the version of the installed
 script, unmodified: it fine-tunes a randomly initialised MarianMTModel saved here with the tokenizer, from a working
 directory that holds the `evaluate` metric module `benchmarks/metrics/sacrebleu.py` as `sacrebleu/sacrebleu.py` (the
 script calls `evaluate.load("sacrebleu")`, which then needs no Hub; `evaluate` is a benchmark-only need). Reported:
-`train_samples_per_second` as Trainer computes it, the median of the per-pair ratios, and each process's peak resident
-memory (from `wait4`).
+`train_samples_per_second` as Trainer computes it, non-padding target tokens per second (samples/s times the corpus's
+mean target length in tokens, eos included: both sides draw their batches from the whole corpus), the median of the
+per-round ratios against each Marian side, and each process's peak resident memory (from `wait4`).
+
+Four sides by default (`--sides`), run in turn in each round: `marian` (run_translation.py's defaults: random
+batches), `marian-grouped` (the same with transformers' stock `--train_sampling_strategy group_by_length`, what a
+knowledgeable user turns on), `vanilla` (train.py as a user runs it) and `vanilla-no-chunks` (`--length_chunks false`:
+what is left of our lead without skipping padding).
 
     python benchmarks/build_mo_corpus.py --output_dir data/en-fr
     python benchmarks/end_to_end.py --data_dir data/en-fr --size small --max_steps 100 --pairs 2
@@ -35,6 +41,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from speed import SIZES  # noqa: E402  (d_model, layers, heads, FFN of each size)
 
 MAX_LENGTH = 256  # source and target truncation on both sides (train.py's presets)
+SIDES = ("marian", "marian-grouped", "vanilla", "vanilla-no-chunks")
 # the `evaluate` metric module run_translation.py loads by name (evaluate.load("sacrebleu")), offline: the only use of
 # `evaluate` in the project (the test extra installs it)
 SACREBLEU_METRIC = os.path.join(os.path.dirname(os.path.abspath(__file__)), "metrics", "sacrebleu.py")
@@ -55,7 +62,8 @@ def parse_arguments(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--pairs", type=int, default=2, help="Marian/ours runs, interleaved")
     parser.add_argument("--run_translation", help="transformers' run_translation.py: run it for the Marian side")
     parser.add_argument("--seed", type=int, default=42)
-    parser.add_argument("--child", choices=("marian",), help=argparse.SUPPRESS)
+    parser.add_argument("--sides", default=",".join(SIDES), help=f"Comma-separated, of: {', '.join(SIDES)}")
+    parser.add_argument("--child", choices=("marian", "marian-grouped"), help=argparse.SUPPRESS)
     parser.add_argument("--run_dir", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.run_translation and not os.path.isfile(args.run_translation):
@@ -63,6 +71,10 @@ def parse_arguments(argv: list[str] | None) -> argparse.Namespace:
     for name in ("max_steps", "batch_size", "pairs", "vocab_size"):
         if getattr(args, name) < 1:
             parser.error(f"--{name} must be a positive integer")
+    args.sides = [side.strip() for side in args.sides.split(",") if side.strip()]
+    unknown = [side for side in args.sides if side not in SIDES]
+    if unknown or not args.sides:
+        parser.error(f"--sides {unknown or args.sides}: choose among {', '.join(SIDES)}")
     return args
 
 
@@ -85,8 +97,9 @@ def marian_config(args: argparse.Namespace, tokenizer):
     )
 
 
-def train_marian(args: argparse.Namespace) -> None:
-    """The child process: MarianMTModel trained as run_translation.py trains it; writes all_results.json."""
+def train_marian(args: argparse.Namespace, group_by_length: bool = False) -> None:
+    """The child process: MarianMTModel trained as run_translation.py trains it (with `group_by_length`, Trainer's
+    stock length-grouped sampler); writes all_results.json."""
     import torch
     from datasets import load_dataset
     from transformers import (
@@ -115,6 +128,7 @@ def train_marian(args: argparse.Namespace) -> None:
         output_dir=args.run_dir, max_steps=args.max_steps, per_device_train_batch_size=args.batch_size,
         learning_rate=args.learning_rate, label_smoothing_factor=0.1, save_strategy="no", eval_strategy="no",
         report_to=[], seed=args.seed, use_cpu=True, disable_tqdm=True, logging_steps=args.max_steps,
+        train_sampling_strategy="group_by_length" if group_by_length else "random",
     )  # fmt: skip
     collator = DataCollatorForSeq2Seq(tokenizer, model=model, label_pad_token_id=-100)
     trainer = Seq2SeqTrainer(
@@ -124,7 +138,9 @@ def train_marian(args: argparse.Namespace) -> None:
     trainer.save_metrics("all", metrics)
 
 
-def ours_command(args: argparse.Namespace, run_dir: str) -> list[str]:
+def ours_command(args: argparse.Namespace, run_dir: str, length_chunks: bool | None = None) -> list[str]:
+    """train.py with the Marian side's settings; `length_chunks` False/True sets --length_chunks (None: its default)."""
+    chunks = [] if length_chunks is None else ["--length_chunks", str(length_chunks).lower()]
     overrides = ",".join(f"{key}={value}" for key, value in SIZES[args.size].layout().items())
     return [
         sys.executable, os.path.join(ROOT, "scripts", "train.py"), "--preset", "base",
@@ -136,7 +152,18 @@ def ours_command(args: argparse.Namespace, run_dir: str) -> list[str]:
         "--per_device_train_batch_size", str(args.batch_size), "--learning_rate", str(args.learning_rate),
         "--label_smoothing_factor", "0.1", "--save_strategy", "no", "--eval_strategy", "no", "--seed", str(args.seed),
         "--threads", "1", "--report_to", "none", "--disable_tqdm", "true", "--logging_steps", str(args.max_steps),
+        *chunks,
     ]  # fmt: skip
+
+
+def mean_target_tokens(args: argparse.Namespace, pairs: list[dict]) -> float:
+    """The corpus's mean target length in tokens as both sides train on it (truncated to MAX_LENGTH, eos included)."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(os.path.join(args.output_dir, "tokenizer"))
+    targets = [pair[args.target_lang] for pair in pairs]
+    ids = tokenizer(text_target=targets, max_length=MAX_LENGTH, truncation=True)["input_ids"]
+    return sum(map(len, ids)) / len(ids)
 
 
 def prepare_run_translation(args: argparse.Namespace) -> str:
@@ -158,9 +185,11 @@ def prepare_run_translation(args: argparse.Namespace) -> str:
     return workdir
 
 
-def run_translation_command(args: argparse.Namespace, run_dir: str) -> list[str]:
-    """transformers' run_translation.py, unmodified, with the settings of ours_command."""
+def run_translation_command(args: argparse.Namespace, run_dir: str, group_by_length: bool = False) -> list[str]:
+    """transformers' run_translation.py, unmodified, with the settings of ours_command (and with `group_by_length`,
+    its stock --train_sampling_strategy group_by_length)."""
     output_dir = os.path.abspath(args.output_dir)
+    grouping = ["--train_sampling_strategy", "group_by_length"] if group_by_length else []
     return [
         sys.executable, os.path.abspath(args.run_translation),
         "--model_name_or_path", os.path.join(output_dir, "marian-init"), "--do_train",
@@ -170,6 +199,7 @@ def run_translation_command(args: argparse.Namespace, run_dir: str) -> list[str]
         str(args.max_steps), "--per_device_train_batch_size", str(args.batch_size), "--learning_rate",
         str(args.learning_rate), "--label_smoothing_factor", "0.1", "--save_strategy", "no", "--seed", str(args.seed),
         "--use_cpu", "--report_to", "none", "--disable_tqdm", "true", "--logging_steps", str(args.max_steps),
+        *grouping,
     ]  # fmt: skip
 
 
@@ -195,8 +225,8 @@ def run(command: list[str], run_dir: str, results_dir: str | None = None, cwd: s
 
 def main(argv: list[str] | None = None) -> dict:
     args = parse_arguments(argv)
-    if args.child == "marian":
-        train_marian(args)
+    if args.child is not None:
+        train_marian(args, group_by_length=args.child == "marian-grouped")
         return {}
     from vanilla_transformer.training.tokenizer import train_tokenizer
 
@@ -207,43 +237,59 @@ def main(argv: list[str] | None = None) -> dict:
         pairs = [json.loads(line)["translation"] for line in f]
     texts = (text for pair in pairs for text in (pair[args.source_lang], pair[args.target_lang]))
     train_tokenizer(texts, vocab_size=args.vocab_size).save_pretrained(os.path.join(args.output_dir, "tokenizer"))
+    target_tokens = mean_target_tokens(args, pairs)
     workdir = prepare_run_translation(args) if args.run_translation else None
 
-    runs = {"marian": [], "vanilla": []}
+    runs: dict[str, list[dict]] = {side: [] for side in args.sides}
     for index in range(args.pairs):
-        for name in ("marian", "vanilla"):
-            run_dir = os.path.join(args.output_dir, f"{name}-{index}")
+        for side in args.sides:
+            run_dir = os.path.join(args.output_dir, f"{side}-{index}")
             os.makedirs(run_dir, exist_ok=True)
-            if name == "vanilla":
-                runs[name].append(run(ours_command(args, run_dir), run_dir))
+            if side.startswith("vanilla"):
+                result = run(ours_command(args, run_dir, False if side == "vanilla-no-chunks" else None), run_dir)
             elif args.run_translation:
-                command = run_translation_command(args, run_dir)
-                runs[name].append(run(command, run_dir, os.path.join(run_dir, "output"), cwd=workdir))
+                command = run_translation_command(args, run_dir, group_by_length=side == "marian-grouped")
+                result = run(command, run_dir, os.path.join(run_dir, "output"), cwd=workdir)
             else:
-                command = [sys.executable, os.path.abspath(__file__), *(argv or sys.argv[1:]), "--child", "marian"]
-                runs[name].append(run(command + ["--run_dir", run_dir], run_dir))
-            print(f"{name} run {index + 1}/{args.pairs}: {runs[name][-1]}", flush=True)
-    speed = {name: [r["train_samples_per_second"] for r in rs] for name, rs in runs.items()}
-    memory = {name: [r["peak_rss_mib"] for r in rs] for name, rs in runs.items()}
+                command = [sys.executable, os.path.abspath(__file__), *(argv or sys.argv[1:]), "--child", side]
+                result = run(command + ["--run_dir", run_dir], run_dir)
+            result["target_tokens_per_second"] = result["train_samples_per_second"] * target_tokens
+            runs[side].append(result)
+            print(f"{side} run {index + 1}/{args.pairs}: {result}", flush=True)
+    speed = {side: [r["train_samples_per_second"] for r in rs] for side, rs in runs.items()}
+    memory = {side: [r["peak_rss_mib"] for r in rs] for side, rs in runs.items()}
+    ours = [side for side in args.sides if side.startswith("vanilla")]
+    theirs = [side for side in args.sides if side.startswith("marian")]
+    ratios = {  # per round, then the median: what to read on a shared machine
+        f"{a}/{b}": {
+            "speed": statistics.median(x / y for x, y in zip(speed[a], speed[b])),
+            "memory": statistics.median(x / y for x, y in zip(memory[a], memory[b])),
+        }
+        for a in ours
+        for b in theirs
+    }
     result = {
         "size": args.size,
         "max_steps": args.max_steps,
         "batch_size": args.batch_size,
         "marian_side": args.run_translation or "this file's Seq2SeqTrainer run",
-        "samples_per_second": {name: statistics.median(values) for name, values in speed.items()},
-        "speed_ratio": statistics.median(v / m for v, m in zip(speed["vanilla"], speed["marian"])),
-        "peak_rss_mib": {name: statistics.median(values) for name, values in memory.items()},
-        "memory_ratio": statistics.median(v / m for v, m in zip(memory["vanilla"], memory["marian"])),
+        "mean_target_tokens": round(target_tokens, 2),
+        "samples_per_second": {side: statistics.median(values) for side, values in speed.items()},
+        "target_tokens_per_second": {side: statistics.median(values) * target_tokens for side, values in speed.items()},
+        "peak_rss_mib": {side: statistics.median(values) for side, values in memory.items()},
+        "ratios": ratios,
         "runs": runs,
     }
     with open(os.path.join(args.output_dir, "result.json"), "w") as f:
         json.dump(result, f, indent=1)
-    speed, memory = result["samples_per_second"], result["peak_rss_mib"]
-    print(
-        f"result: size={args.size} steps={args.max_steps} batch={args.batch_size} samples/s ours={speed['vanilla']:.2f}"
-        f" marian={speed['marian']:.2f} ratio={result['speed_ratio']:.2f}x peak RSS ours={memory['vanilla']:.0f} MiB"
-        f" marian={memory['marian']:.0f} MiB ratio={result['memory_ratio']:.2f}x"
-    )
+    print(f"result: size={args.size} steps={args.max_steps} batch={args.batch_size}")
+    for side in args.sides:
+        print(
+            f"  {side:<18} samples/s {result['samples_per_second'][side]:7.2f}  target tokens/s "
+            f"{result['target_tokens_per_second'][side]:8.1f}  peak RSS {result['peak_rss_mib'][side]:6.0f} MiB"
+        )
+    for pair, ratio in ratios.items():
+        print(f"  {pair:<37} speed {ratio['speed']:.2f}x  peak RSS {ratio['memory']:.2f}x")
     return result
 
 
