@@ -7,11 +7,16 @@ import os
 import subprocess
 import sys
 
+import numpy as np
 import pytest
+import sacrebleu
 import torch
+from accelerate.data_loader import BatchSamplerShard
 from conftest import ROOT, TINY_OVERRIDES, free_port, load_script, run_script, script_env, tiny_model
+from datasets import DatasetDict
 from safetensors.torch import load_file
 from tokenizers import Tokenizer, models, pre_tokenizers
+from torch.utils.data import BatchSampler, DataLoader
 from transformers import (
     AutoModelForSeq2SeqLM,
     AutoTokenizer,
@@ -24,7 +29,7 @@ from vanilla_transformer import VanillaTransformerConfig
 from vanilla_transformer.inference.translate import translate
 from vanilla_transformer.training.arguments import implied_defaults
 from vanilla_transformer.training.checkpoints import list_checkpoint_folders, save_averaged_model
-from vanilla_transformer.training.data import demo_corpus
+from vanilla_transformer.training.data import REFERENCE_COLUMN, demo_corpus, tokenize_splits
 from vanilla_transformer.training.presets import (
     PRESETS,
     build_config,
@@ -32,7 +37,7 @@ from vanilla_transformer.training.presets import (
     parse_config_overrides,
 )
 from vanilla_transformer.training.tokenizer import iterate_texts, train_tokenizer
-from vanilla_transformer.training.trainer import build_trainer
+from vanilla_transformer.training.trainer import LongestFirstSampler, build_trainer, longest_first_order, restore_order
 
 TINY_MODEL = [
     "--config_overrides",
@@ -347,6 +352,106 @@ def test_translate_batches_by_length_and_keeps_input_order(capsys):
     assert widths == sorted(widths)  # batches of increasing length: little padding
     assert all(limit == shape[1] + 50 for shape, limit in model.calls)  # §6.1: input length + 50
     assert "40/40" in capsys.readouterr().err  # the progress bar
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Evaluation: every line of the file, in length-sorted batches
+# --------------------------------------------------------------------------------------------------------------------
+
+
+def test_evaluation_generates_longest_first_and_returns_rows_in_order(tmp_path, demo_tokenizer, one_thread):
+    tokenizer = AutoTokenizer.from_pretrained(demo_tokenizer)
+    raw = DatasetDict({"test": demo_corpus()["test"].select(range(16))})
+    test = tokenize_splits(raw, tokenizer, "de", "en", 32, 32, print_fn=None)["test"]
+    argv = ["--output_dir", str(tmp_path), "--per_device_eval_batch_size", "3", "--report_to", "none"]
+    _, _, args, _ = train_script.parse_arguments([*argv, "--generation_max_length", "8"])
+    seen = {}
+
+    def compute_metrics(prediction, references=None) -> dict:
+        seen.update(predictions=prediction.predictions, labels=prediction.label_ids, references=references)
+        return {}
+
+    model = tiny_model(vocab_size=len(tokenizer))
+    batches = []
+
+    def echo(input_ids, attention_mask, **kwargs):  # "translates" each source into itself: the order shows
+        batches.append(attention_mask.sum(1).tolist())
+        return input_ids
+
+    model.generate = echo
+    trainer = build_trainer(model, args, tokenizer, compute_metrics=compute_metrics)
+    lengths = [len(ids) for ids in test["input_ids"]]
+    order = longest_first_order(trainer.get_test_dataloader(test))
+    assert order is not None and [lengths[i] for i in order] == sorted(lengths, reverse=True)
+
+    output = trainer.predict(test)
+    assert [length for batch in batches for length in batch] == sorted(lengths, reverse=True)
+    sources = [pair["de"] for pair in raw["test"]["translation"]]
+    references = list(test[REFERENCE_COLUMN])
+    # compute_metrics saw predictions, labels and references in one order, longest source first
+    assert [decode(tokenizer, ids) for ids in seen["predictions"]] == [sources[i] for i in order]
+    assert [decode(tokenizer, ids) for ids in seen["labels"]] == seen["references"] == [references[i] for i in order]
+    # predict returns them in row order
+    assert [decode(tokenizer, ids) for ids in output.predictions] == sources
+    assert [decode(tokenizer, ids) for ids in output.label_ids] == references
+
+
+def decode(tokenizer, ids) -> str:
+    return tokenizer.decode(np.asarray(ids).clip(min=0), skip_special_tokens=True).strip()
+
+
+@pytest.mark.parametrize("processes", [2, 3])
+def test_predictions_of_several_processes_are_put_back_in_order(processes):
+    """Under accelerate each process takes every `processes`-th batch of the longest-first order, the last batches
+    evened out with rows from the start; the Trainer gathers the processes' batches step by step. Here each row
+    "predicts" its own index, so the restored rows must read 0, 1, 2, ..."""
+    lengths = [3, 9, 1, 7, 7, 2, 5, 8, 4, 6, 2]
+    sampler = LongestFirstSampler(lengths)
+    shards = [
+        BatchSamplerShard(BatchSampler(sampler, 2, drop_last=False), processes, index, even_batches=True)
+        for index in range(processes)
+    ]
+    assert longest_first_order(DataLoader(range(len(lengths)), batch_sampler=shards[0])) == sampler.order
+    gathered = [row for step in zip(*map(list, shards)) for batch in step for row in batch]
+    assert len(gathered) > len(lengths)  # rows repeated to even out the batches
+    assert restore_order(np.array(gathered), sampler.order).tolist() == list(range(len(lengths)))
+
+
+def test_the_whole_test_file_is_translated_and_scored(tmp_path, demo_tokenizer, capsys, monkeypatch):
+    """train.py --do_predict on a test file with a line longer than the model's 16 learned positions (and than
+    --max_source_length), an empty source and sentences of mixed length: every line gets its prediction, in the
+    file's order, and the reported BLEU and chrF are sacreBLEU's over the whole file against its references as
+    written. The model "translates" each (tokenised, truncated) source into itself, and each source is its own
+    reference: a line out of place, missing or scored against a cut reference would change the scores."""
+    tokenizer = AutoTokenizer.from_pretrained(demo_tokenizer)
+    sentences = list(demo_corpus()["test"].select(range(12))["translation"])
+    sentences = [pair["en"] for pair in sentences]
+    sentences.insert(5, " ".join(sentences))  # more than 16 tokens
+    pairs = [{"de": sentence, "en": sentence} for sentence in sentences]
+    pairs.insert(9, {"de": "", "en": "one"})
+    test_file = tmp_path / "test.jsonl"
+    test_file.write_text("".join(json.dumps({"translation": p}, ensure_ascii=False) + "\n" for p in pairs))
+    out = tmp_path / "model"  # evaluated in its own folder, where train.py writes the results and the card
+    model = tiny_model(vocab_size=len(tokenizer), position_embedding_type="learned", max_position_embeddings=16)
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    monkeypatch.setattr(type(model), "generate", lambda self, input_ids, attention_mask, **kwargs: input_ids)
+
+    argv = ["--model_name_or_path", str(out), "--do_predict", "--test_file", str(test_file), "--source_lang", "de"]
+    argv += ["--target_lang", "en", "--output_dir", str(out), "--per_device_eval_batch_size", "4", "--threads", "1"]
+    results = train_script.main([*argv, "--cache_dir", str(tmp_path / "cache"), *TINY_MODEL[2:]])  # its own size
+    assert f"test: 1 of {len(pairs)} sources longer than 16 tokens were truncated to 16" in capsys.readouterr().out
+
+    predictions = (out / "generated_predictions.txt").read_text().splitlines()
+    references = [pair["en"] for pair in pairs]
+    assert len(predictions) == len(pairs) == results["predict_samples"]
+    assert predictions[9] == "" and predictions[5] != references[5] and references[5].startswith(predictions[5])
+    assert [p for i, p in enumerate(predictions) if i not in (5, 9)] == [
+        r for i, r in enumerate(references) if i not in (5, 9)
+    ]
+    assert results["predict_bleu"] == round(sacrebleu.corpus_bleu(predictions, [references]).score, 4)
+    assert results["predict_chrf"] == round(sacrebleu.corpus_chrf(predictions, [references]).score, 4)
+    assert 50 < results["predict_bleu"] < 100
 
 
 # --------------------------------------------------------------------------------------------------------------------
