@@ -417,15 +417,27 @@ def test_predictions_of_several_processes_are_put_back_in_order(processes):
     assert restore_order(np.array(gathered), sampler.order).tolist() == list(range(len(lengths)))
 
 
-def test_the_whole_test_file_is_translated_and_scored(tmp_path, demo_tokenizer, capsys, monkeypatch):
+# train.py with a model that "translates" each source into itself (tokenised, so truncated where it is too long)
+ECHO_LAUNCHER = """
+import runpy, sys
+from vanilla_transformer import VanillaTransformerForConditionalGeneration
+
+VanillaTransformerForConditionalGeneration.generate = lambda self, input_ids, attention_mask, **kwargs: input_ids
+sys.argv = sys.argv[1:]
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+
+
+@pytest.mark.parametrize("processes", [1, 2])
+def test_the_whole_test_file_is_translated_and_scored(tmp_path, demo_tokenizer, processes):
     """train.py --do_predict on a test file with a line longer than the model's 16 learned positions (and than
     --max_source_length), an empty source and sentences of mixed length: every line gets its prediction, in the
     file's order, and the reported BLEU and chrF are sacreBLEU's over the whole file against its references as
-    written. The model "translates" each (tokenised, truncated) source into itself, and each source is its own
-    reference: a line out of place, missing or scored against a cut reference would change the scores."""
+    written, with one process or two (whose last batches accelerate evens out with repeated rows). Each source is its
+    own reference and the model echoes it: a line out of place, missing, repeated or scored against a cut reference
+    would change the scores."""
     tokenizer = AutoTokenizer.from_pretrained(demo_tokenizer)
-    sentences = list(demo_corpus()["test"].select(range(12))["translation"])
-    sentences = [pair["en"] for pair in sentences]
+    sentences = [pair["en"] for pair in demo_corpus()["test"].select(range(12))["translation"]]
     sentences.insert(5, " ".join(sentences))  # more than 16 tokens
     pairs = [{"de": sentence, "en": sentence} for sentence in sentences]
     pairs.insert(9, {"de": "", "en": "one"})
@@ -435,13 +447,22 @@ def test_the_whole_test_file_is_translated_and_scored(tmp_path, demo_tokenizer, 
     model = tiny_model(vocab_size=len(tokenizer), position_embedding_type="learned", max_position_embeddings=16)
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
-    monkeypatch.setattr(type(model), "generate", lambda self, input_ids, attention_mask, **kwargs: input_ids)
+    launcher = tmp_path / "echo.py"
+    launcher.write_text(ECHO_LAUNCHER)
 
-    argv = ["--model_name_or_path", str(out), "--do_predict", "--test_file", str(test_file), "--source_lang", "de"]
-    argv += ["--target_lang", "en", "--output_dir", str(out), "--per_device_eval_batch_size", "4", "--threads", "1"]
-    results = train_script.main([*argv, "--cache_dir", str(tmp_path / "cache"), *TINY_MODEL[2:]])  # its own size
-    assert f"test: 1 of {len(pairs)} sources longer than 16 tokens were truncated to 16" in capsys.readouterr().out
+    command = [sys.executable, str(launcher)]
+    if processes > 1:
+        command = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2"]
+        command += ["--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no"]
+        command += ["--main_process_port", str(free_port()), str(launcher)]
+    command += [str(ROOT / "scripts" / "train.py"), "--model_name_or_path", str(out), "--output_dir", str(out)]
+    command += ["--do_predict", "--test_file", str(test_file), "--source_lang", "de", "--target_lang", "en"]
+    command += ["--per_device_eval_batch_size", "2", *TINY_MODEL[2:]]  # the model's size is its own
+    result = subprocess.run(command, capture_output=True, text=True, env=script_env(tmp_path), timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert f"test: 1 of {len(pairs)} sources longer than 16 tokens were truncated to 16" in result.stdout
 
+    results = json.loads((out / "all_results.json").read_text())
     predictions = (out / "generated_predictions.txt").read_text().splitlines()
     references = [pair["en"] for pair in pairs]
     assert len(predictions) == len(pairs) == results["predict_samples"]
