@@ -20,6 +20,7 @@ from transformers import (
     TrainerCallback,
 )
 from transformers.trainer_callback import ProgressCallback
+from transformers.trainer_utils import EvalLoopOutput, PredictionOutput
 
 from .batching import TokenBatchingSeq2SeqTrainer, sequence_lengths
 from .cpu import CpuThreadsCallback
@@ -97,7 +98,7 @@ def longest_first_order(dataloader) -> list[int] | None:
     return None
 
 
-def restore_order(rows, order: Sequence[int]):
+def restore_order(rows: np.ndarray | tuple | None, order: Sequence[int]) -> np.ndarray | tuple | None:
     """Rows produced in ``order`` (an array, a tuple of arrays, or None), put back in row order. With several
     processes the Trainer's gathered rows end with repeats of the first ones (accelerate evens the last batches); only
     the first ``len(order)`` rows, one per row of the split, are kept."""
@@ -112,7 +113,7 @@ def restore_order(rows, order: Sequence[int]):
     return restored
 
 
-def _first_rows(rows, count: int):
+def _first_rows(rows: np.ndarray | tuple | None, count: int) -> np.ndarray | tuple | None:
     if rows is None:
         return None
     if isinstance(rows, tuple):
@@ -126,8 +127,12 @@ def _scored_against(compute_metrics: Callable, references: Sequence[str], eval_p
     """``compute_metrics(eval_prediction, references=references)``, the prediction cut to one row per reference (the
     gathered rows of several processes end with repeats)."""
     count = len(references)
-    cut = EvalPrediction(*(_first_rows(part, count) for part in eval_prediction))
-    cut.inputs, cut.losses = _first_rows(eval_prediction.inputs, count), _first_rows(eval_prediction.losses, count)
+    cut = EvalPrediction(
+        predictions=_first_rows(eval_prediction.predictions, count),
+        label_ids=_first_rows(eval_prediction.label_ids, count),
+        inputs=_first_rows(eval_prediction.inputs, count),
+        losses=_first_rows(eval_prediction.losses, count),
+    )
     return compute_metrics(cut, references=references)
 
 
@@ -150,7 +155,7 @@ class TranslationTrainer(TokenBatchingSeq2SeqTrainer):
     _references: list[str] | None = None  # the reference sentences of the split being evaluated, in row order
 
     @contextlib.contextmanager
-    def _references_of(self, dataset):
+    def _references_of(self, dataset) -> Iterator[None]:
         previous = self._references
         if isinstance(dataset, datasets.Dataset) and REFERENCE_COLUMN in dataset.column_names:
             self._references = list(dataset[REFERENCE_COLUMN])
@@ -168,7 +173,9 @@ class TranslationTrainer(TokenBatchingSeq2SeqTrainer):
         with self._references_of(dataset):
             return super().evaluate(eval_dataset, ignore_keys, metric_key_prefix, **gen_kwargs)
 
-    def predict(self, test_dataset, ignore_keys=None, metric_key_prefix: str = "test", **gen_kwargs):
+    def predict(
+        self, test_dataset, ignore_keys=None, metric_key_prefix: str = "test", **gen_kwargs
+    ) -> PredictionOutput:
         with self._references_of(test_dataset):
             return super().predict(test_dataset, ignore_keys, metric_key_prefix, **gen_kwargs)
 
@@ -179,7 +186,7 @@ class TranslationTrainer(TokenBatchingSeq2SeqTrainer):
             dataset = dataset.remove_columns(REFERENCE_COLUMN)
         return super()._remove_unused_columns(dataset, description)
 
-    def _get_eval_sampler(self, eval_dataset):
+    def _get_eval_sampler(self, eval_dataset) -> Sampler | None:
         # longest first wherever the predictions can be put back in order: a map-style split of token ids, gathered
         # into one array (eval_do_concat_batches), none dropped (dataloader_drop_last). Also replaces
         # --train_sampling_strategy group_by_length's random length groups, whose order would not be restored.
@@ -195,12 +202,13 @@ class TranslationTrainer(TokenBatchingSeq2SeqTrainer):
 
     def evaluation_loop(
         self, dataloader, description: str, prediction_loss_only=None, ignore_keys=None, metric_key_prefix="eval"
-    ):
+    ) -> EvalLoopOutput:
         order = longest_first_order(dataloader)
         compute_metrics, references = self.compute_metrics, self._references
         if (
             compute_metrics is not None
             and references is not None
+            and len(references) == self.num_examples(dataloader)  # they belong to the split being evaluated
             and not self.args.batch_eval_metrics
             and "references" in inspect.signature(compute_metrics).parameters
         ):
