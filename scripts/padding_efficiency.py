@@ -46,8 +46,12 @@ class PaddingArguments:
         metadata={"help": "A saved tokenizer (e.g. a train.py output folder); default: train BPE on the split."},
     )
     vocab_size: int = field(default=400, metadata={"help": "Vocabulary of the BPE trained here (small preset: 400)."})
-    max_source_length: int = field(default=64, metadata={"help": "Longer sources are dropped, as in train.py."})
-    max_target_length: int = field(default=64, metadata={"help": "Longer targets are dropped, as in train.py."})
+    max_source_length: int = field(
+        default=64, metadata={"help": "As in train.py: longer training pairs are dropped, other splits truncated."}
+    )
+    max_target_length: int = field(
+        default=64, metadata={"help": "As in train.py: longer training pairs are dropped, other splits truncated."}
+    )
     pad_to_multiple_of: int | None = field(
         default=None, metadata={"help": "Round every padded length up to a multiple of this (train.py: 8 with fp16)."}
     )

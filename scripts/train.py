@@ -115,11 +115,17 @@ class TrainingDataArguments(DataArguments):
 
     max_source_length: int | None = field(
         default=None,
-        metadata={"help": "Longest source in tokens (eos included); longer pairs are dropped. Default: the preset's."},
+        metadata={
+            "help": "Longest source in tokens (eos included): longer training pairs are dropped, longer validation and "
+            "test sources truncated. Default: the preset's."
+        },
     )
     max_target_length: int | None = field(
         default=None,
-        metadata={"help": "Longest target in tokens (eos included); longer pairs are dropped. Default: the preset's."},
+        metadata={
+            "help": "Longest target in tokens (eos included): longer training pairs are dropped; validation and test "
+            "sentences are scored whole. Default: the preset's."
+        },
     )
     preprocessing_num_workers: int | None = field(
         default=None,
@@ -332,6 +338,9 @@ def main(argv: list[str] | None = None, callbacks=None) -> dict:
                 or default_num_workers(max(map(len, raw.values())), busy_cpus),
                 load_from_cache_file=not data_args.overwrite_cache,
                 print_fn=print if is_main else None,
+                max_positions=model.config.max_position_embeddings
+                if getattr(model.config, "position_embedding_type", None) == "learned"
+                else None,
             )
     except StrictDataclassError as error:  # a config value that @strict refuses: the field and why, on one line
         raise SystemExit(f"train.py: error: {' '.join(str(error).split())}") from None
@@ -410,7 +419,8 @@ def main(argv: list[str] | None = None, callbacks=None) -> dict:
         if trainer.is_world_process_zero():
             ids = prediction.predictions
             ids = ids.clip(min=0)  # -100 pads between batches
-            lines = [s.strip() for s in tokenizer.batch_decode(ids, skip_special_tokens=True)]
+            # one line per test pair, in the file's order (a generated line break would split a line)
+            lines = [" ".join(s.split()) for s in tokenizer.batch_decode(ids, skip_special_tokens=True)]
             with open(os.path.join(training_args.output_dir, "generated_predictions.txt"), "w") as f:
                 f.write("\n".join(lines) + "\n")
 

@@ -184,6 +184,59 @@ def test_long_pairs_are_dropped_and_counted_never_truncated(capsys):
         tokenize_splits(raw, tokenizer, "de", "en", max_source_length=1, max_target_length=1, print_fn=None)
 
 
+def test_evaluation_splits_keep_every_pair_truncate_long_sources_and_keep_whole_references(capsys):
+    pairs = [
+        {"de": "eins", "en": "one"},
+        {"de": "eins " * 20, "en": "one " * 20},  # source and target too long
+        {"de": "drei", "en": "three " * 20},  # target too long
+        {"de": "", "en": "two"},  # an empty source is a line of the file too
+    ]
+    raw = DatasetDict({split: Dataset.from_dict({"translation": pairs}) for split in ("train", "validation", "test")})
+    tokenizer = train_tokenizer(["eins zwei drei", "one two three"] * 5, vocab_size=300)
+    eos = tokenizer.eos_token_id
+    tokenized = tokenize_splits(raw, tokenizer, "de", "en", max_source_length=8, max_target_length=8)
+    out = capsys.readouterr().out
+    assert "train: kept 2 of 4 pairs; dropped 2 longer than" in out  # training pairs are still dropped
+    assert out.count("truncated to") == 2  # one line per evaluation split
+    for split in ("validation", "test"):
+        assert (
+            f"{split}: 1 of 4 sources longer than 8 tokens were truncated to 8; 2 references longer than 8 tokens "
+            "are truncated for the loss only" in out
+        )
+        rows = tokenized[split]
+        assert list(rows[data.REFERENCE_COLUMN]) == [pair["en"] for pair in pairs]  # whole, in the file's order
+        whole = [tokenizer(pair["de"])["input_ids"] for pair in pairs]
+        assert len(whole[1]) > 8
+        assert list(rows["input_ids"]) == [whole[0], whole[1][:7] + [eos], whole[2], [eos]]  # cut, the eos kept
+        assert [len(labels) for labels in rows["labels"]] == [2, 8, 8, len(tokenizer("two")["input_ids"])]
+        assert all(labels[-1] == eos for labels in rows["labels"])
+
+    # learned positions limit both sides as well; nothing too long, nothing to say
+    limited = tokenize_splits(raw, tokenizer, "de", "en", 8, 8, print_fn=None, max_positions=4)["test"]
+    assert max(map(len, [*limited["input_ids"], *limited["labels"]])) == 4 and len(limited) == 4
+    short = DatasetDict({"test": Dataset.from_dict({"translation": pairs[:1]})})
+    tokenize_splits(short, tokenizer, "de", "en", 8, 8)
+    assert "truncated" not in capsys.readouterr().out
+
+
+def test_an_empty_source_is_refused_in_training_files_but_translated_in_evaluation_files(tmp_path):
+    (tmp_path / "pairs.tsv").write_text("de\ten\neins\tone\n\ttwo\n", encoding="utf-8")
+    path = str(tmp_path / "pairs.tsv")
+    check_one_line_error(
+        "line 3 has an empty or non-text 'de' side", source_lang="de", target_lang="en", train_file=path
+    )
+    raw, _, _ = load_raw_datasets(source_lang="de", target_lang="en", validation_file=path, test_file=path)
+    assert list(raw["validation"]["de"]) == list(raw["test"]["de"]) == ["eins", ""]
+    # the reference must still be there
+    (tmp_path / "no-reference.tsv").write_text("de\ten\neins\tone\nzwei\t\n", encoding="utf-8")
+    check_one_line_error(
+        "line 3 has an empty or non-text 'en' side",
+        source_lang="de",
+        target_lang="en",
+        test_file=str(tmp_path / "no-reference.tsv"),
+    )
+
+
 def test_tokenizing_in_one_process_stays_in_this_process_and_leaves_the_environment_alone():
     """train.py passes its default of one worker; datasets 5.2 would start a pool for it and replace os.environ by a
     copy, so that a variable set before (a test's monkeypatch, a launcher's settings) outlived its removal."""

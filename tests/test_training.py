@@ -8,12 +8,17 @@ import re
 import subprocess
 import sys
 
+import numpy as np
 import pytest
+import sacrebleu
 import torch
+from accelerate.data_loader import BatchSamplerShard
 from conftest import ROOT, TINY_OVERRIDES, free_port, load_script, run_script, script_env, tiny_model
+from datasets import DatasetDict
 from huggingface_hub.errors import StrictDataclassError
 from safetensors.torch import load_file
 from tokenizers import Tokenizer, models, pre_tokenizers
+from torch.utils.data import BatchSampler, DataLoader
 from transformers import (
     AutoModelForSeq2SeqLM,
     AutoTokenizer,
@@ -27,10 +32,10 @@ from vanilla_transformer import VanillaTransformerConfig
 from vanilla_transformer.inference.translate import translate
 from vanilla_transformer.training.arguments import implied_defaults
 from vanilla_transformer.training.checkpoints import load_weights, save_averaged_model
-from vanilla_transformer.training.data import demo_corpus
+from vanilla_transformer.training.data import REFERENCE_COLUMN, demo_corpus, tokenize_splits
 from vanilla_transformer.training.presets import PRESETS, build_config, default_generation_config
 from vanilla_transformer.training.tokenizer import iterate_texts, train_tokenizer
-from vanilla_transformer.training.trainer import build_trainer
+from vanilla_transformer.training.trainer import LongestFirstSampler, build_trainer, longest_first_order, restore_order
 
 TINY_MODEL = [
     "--config_overrides",
@@ -373,6 +378,127 @@ def test_translate_batches_by_length_and_keeps_input_order(capsys):
     assert widths == sorted(widths)  # batches of increasing length: little padding
     assert all(limit == shape[1] + 50 for shape, limit in model.calls)  # §6.1: input length + 50
     assert "40/40" in capsys.readouterr().err  # the progress bar
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Evaluation: every line of the file, in length-sorted batches
+# --------------------------------------------------------------------------------------------------------------------
+
+
+def test_evaluation_generates_longest_first_and_returns_rows_in_order(tmp_path, demo_tokenizer, one_thread):
+    tokenizer = AutoTokenizer.from_pretrained(demo_tokenizer)
+    raw = DatasetDict({"test": demo_corpus()["test"].select(range(16))})
+    test = tokenize_splits(raw, tokenizer, "de", "en", 32, 32, print_fn=None)["test"]
+    argv = ["--output_dir", str(tmp_path), "--per_device_eval_batch_size", "3", "--report_to", "none"]
+    _, _, args, _ = train_script.parse_arguments([*argv, "--generation_max_length", "8"])
+    seen = {}
+
+    def compute_metrics(prediction, references=None) -> dict:
+        seen.update(predictions=prediction.predictions, labels=prediction.label_ids, references=references)
+        return {}
+
+    model = tiny_model(vocab_size=len(tokenizer))
+    batches = []
+
+    def echo(input_ids, attention_mask, **kwargs):  # "translates" each source into itself: the order shows
+        batches.append(attention_mask.sum(1).tolist())
+        return input_ids
+
+    model.generate = echo
+    trainer = build_trainer(model, args, tokenizer, compute_metrics=compute_metrics)
+    lengths = [len(ids) for ids in test["input_ids"]]
+    order = longest_first_order(trainer.get_test_dataloader(test))
+    assert order is not None and [lengths[i] for i in order] == sorted(lengths, reverse=True)
+
+    output = trainer.predict(test)
+    assert [length for batch in batches for length in batch] == sorted(lengths, reverse=True)
+    sources = [pair["de"] for pair in raw["test"]["translation"]]
+    references = list(test[REFERENCE_COLUMN])
+    # compute_metrics saw predictions, labels and references in one order, longest source first
+    assert [decode(tokenizer, ids) for ids in seen["predictions"]] == [sources[i] for i in order]
+    assert [decode(tokenizer, ids) for ids in seen["labels"]] == seen["references"] == [references[i] for i in order]
+    # predict returns them in row order
+    assert [decode(tokenizer, ids) for ids in output.predictions] == sources
+    assert [decode(tokenizer, ids) for ids in output.label_ids] == references
+
+
+def decode(tokenizer, ids) -> str:
+    return tokenizer.decode(np.asarray(ids).clip(min=0), skip_special_tokens=True).strip()
+
+
+@pytest.mark.parametrize("processes", [2, 3])
+def test_predictions_of_several_processes_are_put_back_in_order(processes):
+    """Under accelerate each process takes every `processes`-th batch of the longest-first order, the last batches
+    evened out with rows from the start; the Trainer gathers the processes' batches step by step. Here each row
+    "predicts" its own index, so the restored rows must read 0, 1, 2, ..."""
+    lengths = [3, 9, 1, 7, 7, 2, 5, 8, 4, 6, 2]
+    sampler = LongestFirstSampler(lengths)
+    shards = [
+        BatchSamplerShard(BatchSampler(sampler, 2, drop_last=False), processes, index, even_batches=True)
+        for index in range(processes)
+    ]
+    assert longest_first_order(DataLoader(range(len(lengths)), batch_sampler=shards[0])) == sampler.order
+    gathered = [row for step in zip(*map(list, shards)) for batch in step for row in batch]
+    assert len(gathered) > len(lengths)  # rows repeated to even out the batches
+    assert restore_order(np.array(gathered), sampler.order).tolist() == list(range(len(lengths)))
+
+
+# train.py with a model that "translates" each source into itself (tokenised, so truncated where it is too long)
+ECHO_LAUNCHER = """
+import runpy, sys
+from vanilla_transformer import VanillaTransformerForConditionalGeneration
+
+VanillaTransformerForConditionalGeneration.generate = lambda self, input_ids, attention_mask, **kwargs: input_ids
+sys.argv = sys.argv[1:]
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+
+
+@pytest.mark.parametrize("processes", [1, 2])
+def test_the_whole_test_file_is_translated_and_scored(tmp_path, demo_tokenizer, processes):
+    """train.py --do_predict on a test file with a line longer than the model's 16 learned positions (and than
+    --max_source_length), an empty source and sentences of mixed length: every line gets its prediction, in the
+    file's order, and the reported BLEU and chrF are sacreBLEU's over the whole file against its references as
+    written, with one process or two (whose last batches accelerate evens out with repeated rows). Each source is its
+    own reference and the model echoes it: a line out of place, missing, repeated or scored against a cut reference
+    would change the scores."""
+    tokenizer = AutoTokenizer.from_pretrained(demo_tokenizer)
+    sentences = [pair["en"] for pair in demo_corpus()["test"].select(range(12))["translation"]]
+    sentences.insert(5, " ".join(sentences))  # more than 16 tokens
+    pairs = [{"de": sentence, "en": sentence} for sentence in sentences]
+    pairs.insert(9, {"de": "", "en": "one"})
+    test_file = tmp_path / "test.jsonl"
+    test_file.write_text("".join(json.dumps({"translation": p}, ensure_ascii=False) + "\n" for p in pairs))
+    out = tmp_path / "model"  # evaluated in its own folder, where train.py writes the results and the card
+    model = tiny_model(vocab_size=len(tokenizer), position_embedding_type="learned", max_position_embeddings=16)
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    launcher = tmp_path / "echo.py"
+    launcher.write_text(ECHO_LAUNCHER)
+
+    command = [sys.executable, str(launcher)]
+    if processes > 1:
+        command = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2"]
+        command += ["--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no"]
+        command += ["--main_process_port", str(free_port()), str(launcher)]
+    command += [str(ROOT / "scripts" / "train.py"), "--model_name_or_path", str(out), "--output_dir", str(out)]
+    command += ["--do_predict", "--test_file", str(test_file), "--source_lang", "de", "--target_lang", "en"]
+    command += ["--per_device_eval_batch_size", "2", *TINY_MODEL[2:]]  # the model's size is its own
+    result = subprocess.run(command, capture_output=True, text=True, env=script_env(tmp_path), timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert f"test: 1 of {len(pairs)} sources longer than 16 tokens were truncated to 16" in result.stdout
+
+    results = json.loads((out / "all_results.json").read_text())
+    predictions = (out / "generated_predictions.txt").read_text().splitlines()
+    references = [pair["en"] for pair in pairs]
+    assert len(predictions) == len(pairs) == results["predict_samples"]
+    assert predictions[9] == "" and predictions[5] != references[5] and references[5].startswith(predictions[5])
+    assert [p for i, p in enumerate(predictions) if i not in (5, 9)] == [
+        r for i, r in enumerate(references) if i not in (5, 9)
+    ]
+    assert results["predict_bleu"] == round(sacrebleu.corpus_bleu(predictions, [references]).score, 4)
+    assert results["predict_chrf"] == round(sacrebleu.corpus_chrf(predictions, [references]).score, 4)
+    assert 50 < results["predict_bleu"] < 100
 
 
 # --------------------------------------------------------------------------------------------------------------------

@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 import datasets
+import pyarrow.compute
 from datasets import Dataset, DatasetDict
 from datasets.fingerprint import Hasher
 
@@ -194,9 +195,10 @@ def _tsv_records(flag: str, path: str) -> Iterator[tuple[str, object]]:
             yield f"line {number}", dict(zip(header, fields))
 
 
-def check_rows(flag: str, path: str, source_lang: str, target_lang: str) -> None:
+def check_rows(flag: str, path: str, source_lang: str, target_lang: str, empty_source: bool = False) -> None:
     """Raise a `DataError` naming the file and the line of the first malformed row: not JSON, not an object, a
-    missing column, an extra TSV field, or a side of the pair that is empty or not a string. A file whose first row
+    missing column, an extra TSV field, or a side of the pair that is empty or not a string (`empty_source`: an empty
+    source sentence is allowed, as in a test file, where it still gets its line of output). A file whose first row
     lacks a language altogether is left to `check_language_pair`, which lists the languages the file offers."""
     records = _tsv_records(flag, path) if path.endswith(TSV_EXTENSIONS) else _json_records(flag, path)
     for index, (where, record) in enumerate(records):
@@ -210,7 +212,8 @@ def check_rows(flag: str, path: str, source_lang: str, target_lang: str) -> None
         for lang in (source_lang, target_lang):
             if lang not in pair:
                 raise DataError(f"{flag} {path!r} {where} has no {lang!r} sentence.")
-            if not isinstance(pair[lang], str) or not pair[lang].strip():
+            empty_allowed = empty_source and lang == source_lang
+            if not isinstance(pair[lang], str) or not (pair[lang].strip() or empty_allowed):
                 raise DataError(f"{flag} {path!r} {where} has an empty or non-text {lang!r} side: {pair[lang]!r}.")
 
 
@@ -324,7 +327,7 @@ def load_raw_datasets(
     for split, path in given_files.items():
         flag = f"--{split}_file"
         loader = _load_json if path.endswith(JSON_EXTENSIONS) else _load_tsv
-        check_rows(flag, path, source_lang, target_lang)
+        check_rows(flag, path, source_lang, target_lang, empty_source=split != "train")
         raw[split] = loader(flag, path, cache_dir)
         check_language_pair(raw[split], f"{flag} {path!r}", source_lang, target_lang)
     return raw, source_lang, target_lang
@@ -462,6 +465,17 @@ def default_num_workers(num_rows: int, busy_cpus: Callable[[], float] | None = N
     return max(1, min(most, int(cpus - busy + 0.5)))
 
 
+# The column of the validation and test splits that holds each target sentence as written: BLEU and chrF compare the
+# predictions with it, whole, even where the labels (used for the evaluation loss) are truncated
+REFERENCE_COLUMN = "reference"
+
+
+def _count_longer(dataset: Dataset, column: str, limit: int) -> int:
+    """How many rows of a tokenized split hold more than `limit` tokens in `column` (lengths read from Arrow)."""
+    lengths = pyarrow.compute.list_value_length(dataset.with_format("arrow")[column])
+    return int(pyarrow.compute.sum(pyarrow.compute.greater(lengths, limit)).as_py() or 0)
+
+
 def tokenize_splits(
     raw: DatasetDict,
     tokenizer,
@@ -472,9 +486,16 @@ def tokenize_splits(
     num_proc: int | None = None,
     load_from_cache_file: bool = True,
     print_fn: Callable[[str], None] | None = print,
+    max_positions: int | None = None,
 ) -> DatasetDict:
-    """Tokenise every split with `tokenizer(sources, text_target=targets)` (both end with eos), then drop the pairs
-    whose source or target is longer than the limits, printing how many: labels are never truncated.
+    """Tokenise every split with `tokenizer(sources, text_target=targets)` (both end with eos).
+
+    The training split drops the pairs whose source or target is longer than the limits, printing how many: its labels
+    are never truncated. The validation and test splits keep every pair, in order, so that every line of the user's
+    file is translated and scored: a source longer than `max_source_length` (or than `max_positions`, the model's
+    learned positions, when given) is truncated to it by the tokenizer, and so are the labels, which only the
+    evaluation loss reads; the target sentence itself is kept whole in the `REFERENCE_COLUMN` column, for BLEU and
+    chrF. One line per split says how many sources were truncated, when any were.
 
     A split read from files (or any split with `datasets` cache files) is cached next to them, in `datasets`' cache:
     a later call with the same data, tokenizer, languages and limits loads the result instead of tokenising again
@@ -483,13 +504,28 @@ def tokenize_splits(
         raise DataError(
             f"--max_source_length={max_source_length} and --max_target_length={max_target_length} must be positive."
         )
+    source_limit, target_limit = max_source_length, max_target_length
+    if max_positions is not None:
+        source_limit, target_limit = min(source_limit, max_positions), min(target_limit, max_positions)
 
-    def tokenize(batch: dict) -> dict:
-        sources, targets = sentence_pairs(batch, source_lang, target_lang)
+    def check(sources: list, targets: list) -> None:
         for side, sentences in (("source", sources), ("target", targets)):
             if any(s is None for s in sentences):
                 raise DataError(f"a {side} sentence is missing (null) in a row of the data.")
+
+    def tokenize(batch: dict) -> dict:
+        sources, targets = sentence_pairs(batch, source_lang, target_lang)
+        check(sources, targets)
         return tokenizer(sources, text_target=targets)
+
+    def tokenize_whole_split(batch: dict) -> dict:
+        # as run_translation.py tokenises: each side cut to its limit by the tokenizer, which keeps the eos
+        sources, targets = sentence_pairs(batch, source_lang, target_lang)
+        check(sources, targets)
+        encoded = tokenizer(sources, truncation=True, max_length=source_limit)
+        encoded["labels"] = tokenizer(text_target=targets, truncation=True, max_length=target_limit)["input_ids"]
+        encoded[REFERENCE_COLUMN] = targets
+        return encoded
 
     def short_enough(batch: dict) -> list[bool]:
         return [
@@ -515,6 +551,30 @@ def tokenize_splits(
             new_fingerprint=tokenized_fingerprint,
             desc=f"Tokenizing {split}",
         )
+        if split != "train":
+            truncated_sources = _count_longer(encoded, "input_ids", source_limit)
+            truncated_labels = _count_longer(encoded, "labels", target_limit)
+            tokenized[split] = dataset.map(
+                tokenize_whole_split,
+                batched=True,
+                num_proc=num_proc,
+                remove_columns=dataset.column_names,
+                load_from_cache_file=load_from_cache_file,
+                new_fingerprint=Hasher.hash(["whole split", tokenized_fingerprint, source_limit, target_limit]),
+                desc=f"Tokenizing {split}",
+            )
+            if print_fn is not None and (truncated_sources or truncated_labels):
+                print_fn(
+                    f"{split}: {truncated_sources} of {len(encoded)} sources longer than {source_limit} tokens were "
+                    f"truncated to {source_limit}"
+                    + (
+                        f"; {truncated_labels} references longer than {target_limit} tokens are truncated for the "
+                        "loss only (BLEU and chrF compare with the whole sentence)"
+                        if truncated_labels
+                        else ""
+                    )
+                )
+            continue
         kept = encoded.filter(
             short_enough,
             batched=True,

@@ -2,22 +2,29 @@
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from functools import partial
 
+import datasets
 import numpy as np
+from torch.utils.data import Sampler
 from transformers import (
     DataCollatorForSeq2Seq,
+    EvalPrediction,
     PreTrainedModel,
     Seq2SeqTrainer,
     Seq2SeqTrainingArguments,
     TrainerCallback,
 )
 from transformers.trainer_callback import ProgressCallback
+from transformers.trainer_utils import EvalLoopOutput, PredictionOutput
 
-from .batching import TokenBatchingSeq2SeqTrainer
+from .batching import TokenBatchingSeq2SeqTrainer, sequence_lengths
 from .cpu import CpuThreadsCallback
+from .data import REFERENCE_COLUMN
 from .sharding import (
     ParallelismReportCallback,
     check_parallelism_can_run,
@@ -48,15 +55,19 @@ def make_compute_metrics(tokenizer) -> Callable:
 
     pad, eos, start = tokenizer.pad_token_id, tokenizer.eos_token_id, tokenizer.bos_token_id
 
-    def compute_metrics(eval_prediction) -> dict[str, float]:
+    def compute_metrics(eval_prediction, references: Sequence[str] | None = None) -> dict[str, float]:
+        # references: the target sentences as written, one per prediction (TranslationTrainer passes them); without
+        # them, the labels decoded
         predictions, labels = eval_prediction.predictions, eval_prediction.label_ids
         if isinstance(predictions, tuple):
             predictions = predictions[0]
         # -100 marks padding that the Trainer added between batches; it is not a token
         predictions = np.where(predictions != -100, predictions, pad)
-        labels = np.where(labels != -100, labels, pad)
         hypotheses = [s.strip() for s in tokenizer.batch_decode(predictions, skip_special_tokens=True)]
-        references = [s.strip() for s in tokenizer.batch_decode(labels, skip_special_tokens=True)]
+        if references is None:
+            labels = np.where(labels != -100, labels, pad)
+            references = tokenizer.batch_decode(labels, skip_special_tokens=True)
+        references = [s.strip() for s in references]
         return {
             "bleu": round(sacrebleu.corpus_bleu(hypotheses, [references]).score, 4),
             "chrf": round(sacrebleu.corpus_chrf(hypotheses, [references]).score, 4),
@@ -65,6 +76,74 @@ def make_compute_metrics(tokenizer) -> Callable:
         }
 
     return compute_metrics
+
+
+class LongestFirstSampler(Sampler[int]):
+    """The rows of an evaluation split, longest source first (equal lengths in row order): generation then runs
+    over batches of similar length, as translate.py batches, and a batch's beams finish together instead of waiting
+    for its longest sentence. ``order`` is the sequence of rows drawn."""
+
+    def __init__(self, source_lengths: Sequence[int]):
+        self.order = sorted(range(len(source_lengths)), key=lambda i: -source_lengths[i])
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self.order)
+
+    def __len__(self) -> int:
+        return len(self.order)
+
+
+def longest_first_order(dataloader) -> list[int] | None:
+    """The ``order`` of the LongestFirstSampler an evaluation dataloader draws from, through the wrappers that
+    accelerate adds (a BatchSampler, and a BatchSamplerShard with several processes); None when it has none."""
+    nodes = [dataloader]
+    for _ in range(4):
+        found = [node for node in nodes if isinstance(node, LongestFirstSampler)]
+        if found:
+            return found[0].order
+        nodes = [
+            child for node in nodes for child in (getattr(node, "batch_sampler", None), getattr(node, "sampler", None))
+        ]
+        nodes = [node for node in nodes if node is not None]
+    return None
+
+
+def restore_order(rows: np.ndarray | tuple | None, order: Sequence[int]) -> np.ndarray | tuple | None:
+    """Rows produced in ``order`` (an array, a tuple of arrays, or None), put back in row order. With several
+    processes the Trainer's gathered rows end with repeats of the first ones (accelerate evens the last batches); only
+    the first ``len(order)`` rows, one per row of the split, are kept."""
+    if rows is None:
+        return None
+    if isinstance(rows, tuple):
+        return tuple(restore_order(part, order) for part in rows)
+    if len(rows) < len(order):
+        raise ValueError(f"evaluation gave {len(rows)} rows for the split's {len(order)}; they cannot be put in order.")
+    restored = np.empty_like(rows[: len(order)])
+    restored[np.asarray(order)] = rows[: len(order)]
+    return restored
+
+
+def _first_rows(rows: np.ndarray | tuple | None, count: int) -> np.ndarray | tuple | None:
+    if rows is None:
+        return None
+    if isinstance(rows, tuple):
+        return tuple(_first_rows(part, count) for part in rows)
+    if len(rows) < count:
+        raise ValueError(f"evaluation gave {len(rows)} predictions for {count} references.")
+    return rows[:count]
+
+
+def _scored_against(compute_metrics: Callable, references: Sequence[str], eval_prediction: EvalPrediction) -> dict:
+    """``compute_metrics(eval_prediction, references=references)``, the prediction cut to one row per reference (the
+    gathered rows of several processes end with repeats)."""
+    count = len(references)
+    cut = EvalPrediction(
+        predictions=_first_rows(eval_prediction.predictions, count),
+        label_ids=_first_rows(eval_prediction.label_ids, count),
+        inputs=_first_rows(eval_prediction.inputs, count),
+        losses=_first_rows(eval_prediction.losses, count),
+    )
+    return compute_metrics(cut, references=references)
 
 
 class TranslationTrainer(TokenBatchingSeq2SeqTrainer):
@@ -76,7 +155,87 @@ class TranslationTrainer(TokenBatchingSeq2SeqTrainer):
     training loss itself, with the same value as Trainer's ``LabelSmoother`` (which needs a log-softmax of the logits'
     size and its backward), and in training steps a model that takes ``skip_logits`` returns that loss without making
     the logits at all. (Evaluation keeps the logits; with generation it keeps ``LabelSmoother``: it has no backward.)
+
+    Evaluation and prediction draw a split's rows longest source first (``LongestFirstSampler``) and return the
+    predictions in row order, with one or several processes. A split with a ``reference`` column (the validation and
+    test splits of ``tokenize_splits``) is scored against those sentences as written: ``compute_metrics`` gets them
+    as ``references=`` when it takes that argument (``make_compute_metrics``'s does).
     """
+
+    _references: list[str] | None = None  # the reference sentences of the split being evaluated, in row order
+
+    @contextlib.contextmanager
+    def _references_of(self, dataset) -> Iterator[None]:
+        previous = self._references
+        if isinstance(dataset, datasets.Dataset) and REFERENCE_COLUMN in dataset.column_names:
+            self._references = list(dataset[REFERENCE_COLUMN])
+        else:
+            self._references = None
+        try:
+            yield
+        finally:
+            self._references = previous
+
+    def evaluate(self, eval_dataset=None, ignore_keys=None, metric_key_prefix: str = "eval", **gen_kwargs) -> dict:
+        dataset = self.eval_dataset if eval_dataset is None else eval_dataset
+        if isinstance(dataset, str):  # one of several named evaluation splits (Trainer.evaluate calls back with it)
+            dataset = self.eval_dataset[dataset]
+        with self._references_of(dataset):
+            return super().evaluate(eval_dataset, ignore_keys, metric_key_prefix, **gen_kwargs)
+
+    def predict(
+        self, test_dataset, ignore_keys=None, metric_key_prefix: str = "test", **gen_kwargs
+    ) -> PredictionOutput:
+        with self._references_of(test_dataset):
+            return super().predict(test_dataset, ignore_keys, metric_key_prefix, **gen_kwargs)
+
+    def _remove_unused_columns(self, dataset, description: str | None = None):
+        # the reference sentences are read by evaluate/predict, never by the collator (also with
+        # --remove_unused_columns false)
+        if isinstance(dataset, datasets.Dataset) and REFERENCE_COLUMN in dataset.column_names:
+            dataset = dataset.remove_columns(REFERENCE_COLUMN)
+        return super()._remove_unused_columns(dataset, description)
+
+    def _get_eval_sampler(self, eval_dataset) -> Sampler | None:
+        # longest first wherever the predictions can be put back in order: a map-style split of token ids, gathered
+        # into one array (eval_do_concat_batches), none dropped (dataloader_drop_last). Also replaces
+        # --train_sampling_strategy group_by_length's random length groups, whose order would not be restored.
+        if (
+            isinstance(eval_dataset, datasets.Dataset)
+            and "input_ids" in eval_dataset.column_names
+            and len(eval_dataset) > 0
+            and self.args.eval_do_concat_batches
+            and not self.args.dataloader_drop_last
+        ):
+            return LongestFirstSampler(sequence_lengths(eval_dataset)[0])
+        return super()._get_eval_sampler(eval_dataset)
+
+    def evaluation_loop(
+        self, dataloader, description: str, prediction_loss_only=None, ignore_keys=None, metric_key_prefix="eval"
+    ) -> EvalLoopOutput:
+        order = longest_first_order(dataloader)
+        compute_metrics, references = self.compute_metrics, self._references
+        if (
+            compute_metrics is not None
+            and references is not None
+            and len(references) == self.num_examples(dataloader)  # they belong to the split being evaluated
+            and not self.args.batch_eval_metrics
+            and "references" in inspect.signature(compute_metrics).parameters
+        ):
+            if order is not None:
+                references = [references[i] for i in order]  # the order in which the predictions come
+            self.compute_metrics = partial(_scored_against, compute_metrics, references)
+        try:
+            output = super().evaluation_loop(
+                dataloader, description, prediction_loss_only, ignore_keys, metric_key_prefix
+            )
+        finally:
+            self.compute_metrics = compute_metrics
+        if order is None:
+            return output
+        return output._replace(
+            predictions=restore_order(output.predictions, order), label_ids=restore_order(output.label_ids, order)
+        )
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         forward = inspect.signature(self.accelerator.unwrap_model(model).forward).parameters
