@@ -668,3 +668,30 @@ def test_bad_data_and_tokenizers_are_refused_before_training(tmp_path, demo_toke
     expect_exit([*tokenizer_and_overrides, "--config_overrides", "heads=4"], "key heads isn't in the original config")
     expect_exit([*tokenizer_and_overrides, "--config_overrides", "dropout=1.5"], "`dropout`=1.5 is invalid")
     assert not (tmp_path / "out" / "model.safetensors").exists()
+
+
+@pytest.mark.parametrize("generation_max_length", [None, 12])
+def test_evaluation_generates_at_most_the_input_length_plus_50_tokens(
+    tmp_path, demo_tokenizer, one_thread, generation_max_length
+):
+    """§6.1's output limit per batch, as translate.py decodes; a --generation_max_length given still caps it."""
+    tokenizer = AutoTokenizer.from_pretrained(demo_tokenizer)
+    raw = DatasetDict({"test": demo_corpus()["test"].select(range(6))})
+    test = tokenize_splits(raw, tokenizer, "de", "en", 32, 32, print_fn=None)["test"]
+    argv = ["--output_dir", str(tmp_path), "--per_device_eval_batch_size", "3", "--report_to", "none"]
+    given = [] if generation_max_length is None else ["--generation_max_length", str(generation_max_length)]
+    _, _, args, _ = train_script.parse_arguments([*argv, *given])
+    model = tiny_model(vocab_size=len(tokenizer))
+    model.generation_config.max_length = 257  # what train.py sets by default (max_target_length + 1)
+    limits = []
+
+    def record(input_ids, attention_mask, **kwargs):
+        limits.append((input_ids.shape[1], kwargs.get("max_new_tokens"), kwargs.get("max_length")))
+        return input_ids
+
+    model.generate = record
+    build_trainer(model, args, tokenizer).predict(test, num_beams=1)
+    assert len(limits) == 2
+    for source_length, max_new_tokens, max_length in limits:
+        cap = 256 if generation_max_length is None else generation_max_length - 1
+        assert max_new_tokens == min(source_length + 50, cap) and max_length is None

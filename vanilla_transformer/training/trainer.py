@@ -47,6 +47,9 @@ def generated_lengths(predictions: np.ndarray, pad: int, eos: int | None, start:
     return np.count_nonzero(before & (predictions != pad) & (predictions != start), axis=1) + has_eos
 
 
+EXTRA_TOKENS = 50  # §6.1: outputs may be up to 50 tokens longer than their input
+
+
 def make_compute_metrics(tokenizer) -> Callable:
     """compute_metrics for Seq2SeqTrainer with predict_with_generate: sacreBLEU and chrF (`sacrebleu.corpus_bleu`,
     `sacrebleu.corpus_chrf`), exact match (%, after stripping spaces) and the mean generated length in tokens
@@ -236,6 +239,17 @@ class TranslationTrainer(TokenBatchingSeq2SeqTrainer):
         return output._replace(
             predictions=restore_order(output.predictions, order), label_ids=restore_order(output.label_ids, order)
         )
+
+    def prediction_step(self, model, inputs, prediction_loss_only, ignore_keys=None, **gen_kwargs):
+        # §6.1: "maximum output length to input length + 50", per batch, as translate.py decodes (a batch whose beams
+        # never finish otherwise runs to generation_max_length); the configured length still caps it
+        gen_kwargs = gen_kwargs or dict(getattr(self, "_gen_kwargs", {}))
+        if self.args.predict_with_generate and not prediction_loss_only and "max_new_tokens" not in gen_kwargs:
+            limit = gen_kwargs.get("max_length") or self.model.generation_config.max_length
+            if "input_ids" in inputs and limit is not None:
+                extra = min(inputs["input_ids"].shape[1] + EXTRA_TOKENS, limit - 1)
+                gen_kwargs = {**gen_kwargs, "max_new_tokens": extra, "max_length": None}
+        return super().prediction_step(model, inputs, prediction_loss_only, ignore_keys, **gen_kwargs)
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         forward = inspect.signature(self.accelerator.unwrap_model(model).forward).parameters
