@@ -10,8 +10,8 @@ import torch
 from transformers import Seq2SeqTrainingArguments
 from transformers.trainer_utils import SchedulerType
 
-from .process_group import init_cpu_process_group
 from .time_budget import check_minutes, check_scheduler
+from .workarounds.transformers_ddp_timeout_on_cpu import init_cpu_process_group
 
 
 @dataclass

@@ -18,16 +18,12 @@ from transformers.trainer_callback import ProgressCallback
 
 from .batching import TokenBatchingSeq2SeqTrainer
 from .cpu import CpuThreadsCallback
-from .sharding import (
-    ParallelismReportCallback,
-    check_parallelism_can_run,
-    enable_fsdp_on_cpu,
-    load_full_state_dict_checkpoint,
-    model_class_unwrapped,
-    share_tied_tensors,
-    tied_names,
-)
+from .sharding import ParallelismReportCallback, check_parallelism_can_run, tied_names
 from .time_budget import BudgetProgressCallback, TimeBudgetCallback, find_time_budget
+from .workarounds.accelerate_fsdp_on_cpu import enable_fsdp_on_cpu
+from .workarounds.torch_fsdp_aliased_module_load import load_full_state_dict_checkpoint
+from .workarounds.torch_fsdp_class_swap import model_class_unwrapped
+from .workarounds.torch_fsdp_gathered_ties import share_tied_tensors
 
 
 def make_compute_metrics(tokenizer) -> Callable:

@@ -2,7 +2,7 @@
 
 ``TrainingArguments._setup_devices`` (transformers 5.24) gives Accelerate's ``PartialState`` the process-group timeout
 (``ddp_timeout``) only for accelerator devices; with ``use_cpu`` or ``ACCELERATE_USE_CPU`` (every CPU launch, see
-``training.use_cpu_if_no_accelerator``) the gloo group gets torch's default of 30 minutes. Processes that stop
+``workarounds.accelerate_launch_without_gpus``) the gloo group gets torch's default of 30 minutes. Processes that stop
 agreeing then wait half an hour instead of failing with an error. ``init_cpu_process_group`` starts the group itself,
 with the timeout, before transformers sets the devices up; Accelerate then finds it started and uses it.
 
