@@ -1,4 +1,18 @@
-"""Workaround for FSDP's full state dict, which gathers each name of a tied weight as a tensor of its own."""
+"""Workaround for FSDP2's full state dict, which gathers each name of a tied weight as a tensor of its own.
+
+Written for torch 2.13 and transformers 5.24 (installed: torch 2.13.0, transformers 5.24.0).
+
+The limit: the full state dict of a model sharded with `fully_shard` (what Accelerate's `get_state_dict` and the
+Trainer's FULL_STATE_DICT save gather on rank 0) holds every name of a tied weight as a separate, equal tensor
+(`lm_head.weight`, `model.shared.weight` and both `embed_tokens.weight`), and `save_pretrained`, which finds ties by
+shared storage, would store the weight under every name.
+
+The workaround (`share_tied_tensors`, in `TranslationTrainer._save`): the tied names of the gathered state dict
+become one tensor again, so that the checkpoint stores the shared weight once, as a single-process save does.
+
+It can go when the gathered state dict keeps tied names as one tensor: tests/test_workarounds.py's
+`test_fsdp_still_gathers_tied_names_as_separate_tensors` then fails.
+"""
 
 from __future__ import annotations
 
