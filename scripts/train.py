@@ -46,7 +46,7 @@ from transformers import AutoTokenizer, HfArgumentParser, set_seed
 from vanilla_transformer import VanillaTransformerForConditionalGeneration
 from vanilla_transformer.training.arguments import TranslationTrainingArguments, implied_defaults
 from vanilla_transformer.training.checkpoints import check_checkpoint, last_complete_checkpoint, load_trained_model
-from vanilla_transformer.training.cpu import busy_cpus, recorded_threads, set_cpu_threads, use_cpu_if_no_accelerator
+from vanilla_transformer.training.cpu import busy_cpus, recorded_threads, set_cpu_threads
 from vanilla_transformer.training.data import (
     MIN_ROWS_PER_WORKER,
     DataArguments,
@@ -65,6 +65,7 @@ from vanilla_transformer.training.sharding import describe_parallelism
 from vanilla_transformer.training.time_budget import UNLIMITED_STEPS, find_time_budget, format_duration
 from vanilla_transformer.training.tokenizer import check_tokenizer_matches_config, iterate_texts, train_tokenizer
 from vanilla_transformer.training.trainer import build_trainer, make_compute_metrics
+from vanilla_transformer.training.workarounds import accelerate_launch_without_gpus
 
 logger = logging.getLogger("train")
 
@@ -285,7 +286,7 @@ def main(argv: list[str] | None = None, callbacks=None) -> dict:
     """Run the script with `argv` (default: the command line); returns the metrics. `callbacks` are extra
     TrainerCallbacks (tests use them to watch the run)."""
     argv = sys.argv[1:] if argv is None else list(argv)
-    use_cpu_if_no_accelerator()
+    accelerate_launch_without_gpus.use_cpu_if_no_accelerator()
     try:
         model_args, data_args, training_args, auto_do = parse_arguments(argv)
     except ValueError as error:  # a value the training arguments refuse, e.g. --max_train_minutes 0

@@ -12,7 +12,6 @@ import sys
 
 import pytest
 import torch
-import transformers
 from conftest import ROOT, TINY_OVERRIDES, free_port, load_script, script_env
 from safetensors.torch import load_file
 
@@ -189,22 +188,3 @@ def test_two_machines_on_localhost_train_like_one_process(tmp_path, launch_flags
     # the gradients of the two halves are summed in another order than one process sums them (see test_sharding)
     for name, tensor in saved.items():
         torch.testing.assert_close(tensor, single_process_run[name], rtol=0.0, atol=1e-3, msg=name)
-
-
-def test_transformers_still_drops_the_process_group_timeout_on_cpu(tmp_path, monkeypatch):
-    """vanilla_transformer/process_group.py works around transformers 5.24, whose TrainingArguments give Accelerate
-    the ddp_timeout only for accelerator devices. When this fails, transformers passes it on CPU too: remove the
-    workaround."""
-    given = {}
-
-    class Stop(Exception):
-        pass
-
-    def record(**kwargs):
-        given.update(kwargs)
-        raise Stop
-
-    monkeypatch.setattr(transformers.training_args, "PartialState", record)
-    with pytest.raises(Stop):  # the arguments set the devices up as they are made
-        transformers.TrainingArguments(output_dir=str(tmp_path), use_cpu=True, ddp_timeout=30, report_to="none")
-    assert given.get("cpu") and "timeout" not in given

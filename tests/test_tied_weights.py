@@ -18,7 +18,8 @@ from vanilla_transformer import (
     VanillaTransformerForSequenceClassification,
     VanillaTransformerModel,
 )
-from vanilla_transformer.training.sharding import share_tied_tensors, tied_names
+from vanilla_transformer.training.sharding import tied_names
+from vanilla_transformer.training.workarounds.torch_fsdp_gathered_ties import share_tied_tensors
 
 MODEL_CLASSES = [
     VanillaTransformerModel,

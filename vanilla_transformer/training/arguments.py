@@ -10,8 +10,8 @@ import torch
 from transformers import Seq2SeqTrainingArguments
 from transformers.trainer_utils import SchedulerType
 
-from .process_group import init_cpu_process_group
 from .time_budget import check_minutes, check_scheduler
+from .workarounds import transformers_ddp_timeout_on_cpu
 
 
 @dataclass
@@ -96,7 +96,7 @@ class TranslationTrainingArguments(Seq2SeqTrainingArguments):
 
     @cached_property
     def _setup_devices(self) -> torch.device:
-        init_cpu_process_group(self)  # so that --ddp_timeout holds on CPU too (transformers 5.24 drops it there)
+        transformers_ddp_timeout_on_cpu.init_cpu_process_group(self)  # so that --ddp_timeout holds on CPU too
         return super()._setup_devices
 
 

@@ -37,6 +37,7 @@ from transformers import Seq2SeqTrainer
 from transformers.trainer_utils import has_length, seed_worker
 
 from .time_budget import find_time_budget
+from .workarounds import accelerate_batch_sampler_shard
 
 
 def _round_up(length: int, multiple: int | None) -> int:
@@ -481,17 +482,8 @@ class TokenBatchingSeq2SeqTrainer(Seq2SeqTrainer):
             **loader_kwargs,
         )
         dataloader = self.accelerator.prepare(dataloader)
-
-        # With several processes accelerate wraps the batch sampler in a BatchSamplerShard that deals out whole
-        # batches round-robin, and pads the last round with repeats when the count is uneven. Take the sharding over
-        # (its process count and index already account for tensor/context parallel groups): our sampler evens the
-        # count without repeats, and the wrapper becomes a pass-through, as Trainer does for BatchRebalanceSampler.
-        shard = getattr(dataloader, "batch_sampler", None)
-        if shard is not sampler and getattr(shard, "batch_sampler", None) is sampler:
-            sampler.set_distributed(shard.num_processes, shard.process_index)
-            shard.num_processes, shard.process_index = 1, 0
-            # Trainer reaches set_epoch through this wrapper when resuming mid-epoch (skip_first_batches wraps it)
-            shard.set_epoch = sampler.set_epoch
+        # with several processes, our sampler shares the batches out, not Accelerate's wrapper
+        accelerate_batch_sampler_shard.take_over_sharding(dataloader, sampler)
         return dataloader
 
 

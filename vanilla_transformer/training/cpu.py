@@ -15,17 +15,6 @@ from transformers.trainer_callback import ExportableState
 TRAINER_STATE_NAME = "trainer_state.json"  # transformers.trainer's name (importing transformers.trainer loads datasets)
 
 
-def use_cpu_if_no_accelerator() -> bool:
-    """`accelerate launch --multi_gpu` on a machine without GPUs starts N processes, but unless they are told to use
-    the CPU each of them trains alone (Accelerate finds no GPU backend). Tell them, so that they join a gloo group.
-    Returns True when it did."""
-    world_size = int(os.environ.get("WORLD_SIZE", "1"))
-    if world_size > 1 and not torch.accelerator.is_available():
-        os.environ["ACCELERATE_USE_CPU"] = "true"
-        return True
-    return False
-
-
 PROC_STAT = "/proc/stat"  # CPU times since boot: the line "cpu" of all CPUs, then one "cpuN" line per CPU
 CGROUP_CPU_MAX = "/sys/fs/cgroup/cpu.max"  # cgroup v2 CPU quota: "<quota> <period>" in µs, or "max <period>"
 

@@ -19,6 +19,8 @@ import pyarrow.compute
 from datasets import Dataset, DatasetDict
 from datasets.fingerprint import Hasher
 
+from .workarounds import datasets_single_process_map
+
 DEMO_SOURCE_LANG = "de"
 DEMO_TARGET_LANG = "en"
 SPLITS = ("train", "validation", "test")
@@ -533,9 +535,7 @@ def tokenize_splits(
             for source, target in zip(batch["input_ids"], batch["labels"])
         ]
 
-    # datasets 5.2 starts a pool of worker processes for any num_proc >= 1, and replaces os.environ by a copy while
-    # doing so (arrow_dataset.py: `os.environ = prev_env`): one process is the in-process path, num_proc=None
-    num_proc = num_proc if num_proc is not None and num_proc > 1 else None
+    num_proc = datasets_single_process_map.map_num_proc(num_proc)  # one process: this one, not a pool of one
     tokenizer_hash = tokenizer_fingerprint(tokenizer)
     tokenized = DatasetDict()
     for split, dataset in raw.items():

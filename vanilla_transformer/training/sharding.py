@@ -4,16 +4,16 @@
 accelerator the launched processes join a gloo group, but Accelerate only turns FSDP on for accelerator devices: its
 state stays MULTI_CPU (plain data parallelism), the FSDP plugin is dropped, and the run trains and saves a checkpoint
 without any sign that the sharding flags were ignored. PyTorch's FSDP2 (`fully_shard`) itself runs on CPU tensors over
-gloo, so `enable_fsdp_on_cpu` puts the plugin back, after which Accelerate's and the Trainer's usual FSDP2 paths apply
-(auto-wrap, full-state-dict saving, sharded optimizer state in checkpoints). `describe_parallelism` reads the
-Accelerate state after set-up, and `ParallelismReportCallback` counts the modules that FSDP actually wrapped.
+gloo, so `workarounds.accelerate_fsdp_on_cpu` puts the plugin back, after which Accelerate's and the Trainer's usual
+FSDP2 paths apply (auto-wrap, full-state-dict saving, sharded optimizer state in checkpoints). `describe_parallelism`
+reads the Accelerate state after set-up, and `ParallelismReportCallback` counts the modules that FSDP actually
+wrapped.
 """
 
 from __future__ import annotations
 
-import contextlib
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import torch
@@ -57,27 +57,6 @@ def check_parallelism_can_run(args: TrainingArguments) -> None:
         )
 
 
-def enable_fsdp_on_cpu(accelerator: Accelerator, args: TrainingArguments) -> bool:
-    """Turn FSDP2 on for CPU processes in a gloo group when the launch asked for it and Accelerate dropped it (see
-    the module's docstring). Returns True when it did."""
-    from accelerate.state import PartialState
-    from accelerate.utils import DistributedType, FullyShardedDataParallelPlugin
-
-    state = accelerator.state
-    if state.distributed_type != DistributedType.MULTI_CPU or requested_fsdp_version(args) is None:
-        return False
-    check_parallelism_can_run(args)
-    plugin_args = getattr(args, "fsdp_plugin_args", None)
-    plugin = FullyShardedDataParallelPlugin(**(plugin_args or {}))  # else from the FSDP_* environment
-    if state.mixed_precision != "no":
-        plugin.set_mixed_precision(state.mixed_precision)
-    state.distributed_type = DistributedType.FSDP
-    state.fsdp_plugin = plugin
-    # as Accelerate does on GPUs: every later AcceleratorState() copies the process state's type over its own
-    PartialState._shared_state["distributed_type"] = DistributedType.FSDP
-    return True
-
-
 def describe_parallelism(accelerator: Accelerator) -> str:
     """One phrase naming the parallelism the Accelerate state holds: single process, DDP, FSDP (version, sharding,
     wrapped layers, state dict type) or DeepSpeed (ZeRO stage), with the number of processes and the backend."""
@@ -108,27 +87,6 @@ def describe_parallelism(accelerator: Accelerator) -> str:
     return f"DDP over {where}"
 
 
-@contextlib.contextmanager
-def model_class_unwrapped(model: torch.nn.Module) -> Iterator[torch.nn.Module]:
-    """While saving, give an FSDP2 model its own class back. `fully_shard` swaps the class for a generated
-    `FSDP<Name>` defined in PyTorch's FSDP package; `save_pretrained` of a trust_remote_code model names the class's
-    module in config.json's auto_map and copies its source files, so the checkpoint would point AutoModelForSeq2SeqLM
-    at `_fsdp_init.FSDP...` and carry PyTorch's FSDP sources instead of the model's. A model that is not sharded is
-    left alone."""
-    from torch.distributed.fsdp import FSDPModule
-
-    wrapped = type(model)
-    if not isinstance(model, FSDPModule):
-        yield model
-        return
-    own = next(cls for cls in wrapped.__mro__[1:] if not issubclass(cls, FSDPModule))
-    model.__class__ = own
-    try:
-        yield model
-    finally:
-        model.__class__ = wrapped
-
-
 def tied_names(model: torch.nn.Module) -> dict[str, str]:
     """{alias: name} for every state-dict name that holds the same tensor as an earlier one, found from the model's
     structure rather than its `_tied_weights_keys` (which transformers 5 reads as ties to make on load): a second
@@ -143,54 +101,6 @@ def tied_names(model: torch.nn.Module) -> dict[str, str]:
         else:
             first[id(tensor)] = name
     return aliases
-
-
-def share_tied_tensors(state_dict: dict[str, torch.Tensor], model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """Make the tied names of a gathered state dict one tensor again, in place. FSDP gathers each name on its own, so
-    `lm_head.weight` and `model.shared.weight` arrive as two equal tensors that `save_pretrained` would both store;
-    aliased, it stores the shared one once, as a single-process save does. Names whose tensors differ are left
-    alone."""
-    for target, source in tied_names(model).items():
-        if target in state_dict and source in state_dict and state_dict[target] is not state_dict[source]:
-            if state_dict[target].shape == state_dict[source].shape and torch.equal(
-                state_dict[target], state_dict[source]
-            ):
-                state_dict[target] = state_dict[source]
-    return state_dict
-
-
-def module_alias_names(model: torch.nn.Module) -> set[str]:
-    """State-dict names reached through a second path to the same module, e.g. `model.encoder.embeddings.embed_tokens
-    .weight` when the encoder's embedding is the module `model.shared`."""
-    canonical = {name for name, _ in model.named_modules()}  # each module once, under its first name
-    names = [name for name, _ in model.named_parameters(remove_duplicate=False)]
-    names += [name for name, _ in model.named_buffers(remove_duplicate=False)]
-    return {name for name in names if name.rpartition(".")[0] not in canonical}
-
-
-def load_full_state_dict_checkpoint(accelerator: Accelerator, model: torch.nn.Module, path: str) -> None:
-    """Load an FSDP2 checkpoint's full state dict (`pytorch_model_fsdp.bin`, FULL_STATE_DICT) into the sharded
-    `model`: rank 0 reads it and every rank receives its shards.
-
-    What Accelerate's `load_fsdp_model` does, less the names of modules reached by two paths: the file holds them
-    (the encoder's and decoder's embedding is the module `model.shared`), but PyTorch's loader visits each module
-    once, and its CPU-offloading broadcast then fails with a KeyError on the first such name; without them, the
-    strict load of every name misses them. So they are left out and the load checks the other names itself."""
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
-
-    aliases = module_alias_names(model)
-    state_dict = torch.load(path, weights_only=True) if accelerator.is_main_process else {}
-    for name in aliases:
-        state_dict.pop(name, None)
-    # not strict: the module's own load_state_dict then misses the alias names, which hold the same tensors
-    options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True, strict=False)
-    missing, unexpected = set_model_state_dict(model, state_dict, options=options)
-    accelerator.wait_for_everyone()
-    if set(missing) - aliases or unexpected:
-        raise ValueError(
-            f"{path} does not fit the model: missing {sorted(set(missing) - aliases)[:5]}, "
-            f"unexpected {sorted(unexpected)[:5]}."
-        )
 
 
 def count_fsdp_modules(model: torch.nn.Module) -> dict[str, int]:

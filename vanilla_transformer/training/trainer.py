@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import inspect
-import os
 from collections.abc import Callable, Iterator, Sequence
 from functools import partial
 
@@ -25,16 +24,16 @@ from transformers.trainer_utils import EvalLoopOutput, PredictionOutput
 from .batching import TokenBatchingSeq2SeqTrainer, sequence_lengths
 from .cpu import CpuThreadsCallback
 from .data import REFERENCE_COLUMN
-from .sharding import (
-    ParallelismReportCallback,
-    check_parallelism_can_run,
-    enable_fsdp_on_cpu,
-    load_full_state_dict_checkpoint,
-    model_class_unwrapped,
-    share_tied_tensors,
-    tied_names,
-)
+from .sharding import ParallelismReportCallback, check_parallelism_can_run
 from .time_budget import BudgetProgressCallback, TimeBudgetCallback, find_time_budget
+from .workarounds import (
+    accelerate_fsdp_on_cpu,
+    torch_fsdp_aliased_module_load,
+    torch_fsdp_class_swap,
+    torch_fsdp_gathered_ties,
+    transformers_resume_past_the_end,
+    transformers_tied_names_missing_on_resume,
+)
 
 
 def generated_lengths(predictions: np.ndarray, pad: int, eos: int | None, start: int | None) -> np.ndarray:
@@ -151,8 +150,9 @@ def _scored_against(compute_metrics: Callable, references: Sequence[str], eval_p
 
 class TranslationTrainer(TokenBatchingSeq2SeqTrainer):
     """The trainer train.py uses: token batching (TokenBatchingSeq2SeqTrainer), FSDP on CPU processes when the
-    launch asked for it (`enable_fsdp_on_cpu`: Accelerate alone would train them with plain data parallelism), and
-    label smoothing computed by the model.
+    launch asked for it (`workarounds.accelerate_fsdp_on_cpu`: Accelerate alone would train them with plain data
+    parallelism), and label smoothing computed by the model. The underscore methods it overrides each call a
+    workaround for a limit of transformers or PyTorch (`workarounds`).
 
     With ``label_smoothing_factor``, a model whose ``forward`` takes ``label_smoothing`` (ours) computes the smoothed
     training loss itself, with the same value as Trainer's ``LabelSmoother`` (which needs a log-softmax of the logits'
@@ -270,46 +270,27 @@ class TranslationTrainer(TokenBatchingSeq2SeqTrainer):
     def create_accelerator_and_postprocess(self) -> None:
         check_parallelism_can_run(self.args)
         super().create_accelerator_and_postprocess()
-        if enable_fsdp_on_cpu(self.accelerator, self.args):
-            self.is_fsdp_enabled = True
-            # the check transformers makes when Accelerate keeps the plugin itself
-            if self.accelerator.state.fsdp_plugin.activation_checkpointing and self.args.activation_checkpointing:
-                raise ValueError(
-                    "FSDP's activation checkpointing (fsdp_activation_checkpointing) and --gradient_checkpointing "
-                    "(--activation_checkpointing) both checkpoint the layers; choose one."
-                )
+        accelerate_fsdp_on_cpu.enable_in_trainer(self)
 
     def _save(self, output_dir: str | None = None, state_dict: dict | None = None) -> None:
-        # under FSDP, `state_dict` is the gathered full one: tied names become one tensor again, and the model saves
-        # as its own class
+        # under FSDP, `state_dict` is the gathered full one
         if state_dict is not None:
-            state_dict = share_tied_tensors(state_dict, self.model)
-        with model_class_unwrapped(self.model):
+            state_dict = torch_fsdp_gathered_ties.share_tied_tensors(state_dict, self.model)
+        with torch_fsdp_class_swap.model_class_unwrapped(self.model):
             super()._save(output_dir, state_dict=state_dict)
 
     def _run_epoch(self, *args, **kwargs):
-        # transformers 5.24's _inner_training_loop enters the epoch loop before it checks max_steps or a stop: resumed
-        # from a run's final checkpoint (global step = max_steps, not at an epoch's end, or a spent time budget), it
-        # would train one step more. A finished run trains nothing. (tests/test_resume_kill.py fails without this.)
-        if self.state.global_step >= self.state.max_steps or self.control.should_training_stop:
-            self.control.should_training_stop = True
+        if transformers_resume_past_the_end.stop_if_finished(self):
             return
         return super()._run_epoch(*args, **kwargs)
 
     def _load_from_checkpoint(self, resume_from_checkpoint: str, model=None) -> None:
-        full = os.path.join(resume_from_checkpoint, "pytorch_model_fsdp.bin")  # FSDP's FULL_STATE_DICT checkpoint
-        if self.is_fsdp_enabled and self.accelerator.is_fsdp2 and os.path.isfile(full):
-            load_full_state_dict_checkpoint(self.accelerator, model if model is not None else self.model, full)
-            return
-        super()._load_from_checkpoint(resume_from_checkpoint, model)
+        if not torch_fsdp_aliased_module_load.load_in_trainer(self, resume_from_checkpoint, model):
+            super()._load_from_checkpoint(resume_from_checkpoint, model)
 
     def _issue_warnings_after_load(self, load_result) -> None:
-        # transformers 5.24's Trainer resumes with torch's load_state_dict, which reports missing every name that the
-        # checkpoint stores once: the shared embedding's names under the stacks and the tied lm_head. They are loaded
-        # with the name they alias; only a name whose tensor was not loaded under any name is missing.
-        aliases, missing = tied_names(self.model), set(load_result.missing_keys)
-        missing = [name for name in load_result.missing_keys if aliases.get(name, name) in missing]
-        super()._issue_warnings_after_load(load_result._replace(missing_keys=missing))
+        load_result = transformers_tied_names_missing_on_resume.drop_loaded_tied_names(load_result, self.model)
+        super()._issue_warnings_after_load(load_result)
 
 
 def build_trainer(

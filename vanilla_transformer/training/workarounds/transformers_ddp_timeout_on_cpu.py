@@ -1,13 +1,18 @@
 """Workaround for transformers 5.24: ``--ddp_timeout`` is ignored by CPU processes.
 
+Written for transformers 5.24.0 (installed).
+
 ``TrainingArguments._setup_devices`` (transformers 5.24) gives Accelerate's ``PartialState`` the process-group timeout
 (``ddp_timeout``) only for accelerator devices; with ``use_cpu`` or ``ACCELERATE_USE_CPU`` (every CPU launch, see
-``training.use_cpu_if_no_accelerator``) the gloo group gets torch's default of 30 minutes. Processes that stop
+``workarounds.accelerate_launch_without_gpus``) the gloo group gets torch's default of 30 minutes. Processes that stop
 agreeing then wait half an hour instead of failing with an error. ``init_cpu_process_group`` starts the group itself,
-with the timeout, before transformers sets the devices up; Accelerate then finds it started and uses it.
+with the timeout, before transformers sets the devices up (``TranslationTrainingArguments._setup_devices``);
+Accelerate then finds it started and uses it.
 
-tests/test_distributed.py checks that transformers still drops the timeout (remove this module when it fails) and that
-a mismatch between two CPU processes ends in seconds.
+It can go when transformers passes the timeout on CPU too: tests/test_workarounds.py's
+``test_transformers_still_drops_the_process_group_timeout_on_cpu`` then fails (and
+``test_setup_devices_is_still_a_cached_property`` when the override no longer fits). tests/test_distributed.py checks
+that a mismatch between two CPU processes ends in seconds.
 """
 
 from __future__ import annotations

@@ -1,0 +1,425 @@
+"""The library behaviour each workaround in vanilla_transformer/training/workarounds/ exists for, and the private
+fields and methods it touches.
+
+Each test names the workaround it checks. A test named `..._still_...` asserts that the library still has the limit:
+when it fails, the library changed underneath, and the workaround's module says whether it can go. The others assert
+that what a workaround reaches into (a private field, an overridden method) is still there and still does what the
+workaround relies on: when one fails, the workaround must change. All run in this process, in seconds: a process
+group of one process (gloo) stands in for a launch where FSDP needs one.
+"""
+
+import functools
+import inspect
+import logging
+import os
+from types import SimpleNamespace
+
+import datasets
+import pytest
+import torch
+import transformers
+from accelerate.data_loader import BatchSamplerShard, prepare_data_loader, skip_first_batches
+from conftest import free_port, tiny_model
+from torch.utils.data import DataLoader
+from transformers import Seq2SeqTrainer, Trainer, TrainerCallback, TrainingArguments
+
+from vanilla_transformer.training.batching import TokenBatchSampler
+from vanilla_transformer.training.sharding import tied_names
+from vanilla_transformer.training.workarounds import (
+    accelerate_batch_sampler_shard,
+    accelerate_fsdp_on_cpu,
+    accelerate_launch_without_gpus,
+    datasets_single_process_map,
+    torch_fsdp_aliased_module_load,
+    torch_fsdp_class_swap,
+    torch_fsdp_gathered_ties,
+    transformers_resume_past_the_end,
+    transformers_tied_names_missing_on_resume,
+)
+
+LAUNCH_ENV = ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE")
+
+
+@pytest.fixture
+def one_process_group(monkeypatch):
+    """A gloo process group of one process, in this process, as `accelerate launch` would set it up."""
+    for name, value in zip(LAUNCH_ENV, ("127.0.0.1", str(free_port()), "0", "1", "0", "1")):
+        monkeypatch.setenv(name, value)
+    torch.distributed.init_process_group("gloo", rank=0, world_size=1)
+    try:
+        yield
+    finally:
+        torch.distributed.destroy_process_group()
+
+
+@pytest.fixture
+def reset_accelerate():
+    """Accelerate's process-wide state, reset before and after the test."""
+    from accelerate.state import AcceleratorState
+
+    AcceleratorState._reset_state(reset_partial_state=True)
+    try:
+        yield
+    finally:
+        AcceleratorState._reset_state(reset_partial_state=True)
+
+
+def sharded_tiny_model() -> torch.nn.Module:
+    """A tiny model sharded with FSDP2, each layer a unit, as Accelerate's TRANSFORMER_BASED_WRAP does."""
+    from torch.distributed.fsdp import fully_shard
+
+    model = tiny_model()
+    for layer in [*model.model.encoder.layers, *model.model.decoder.layers]:
+        fully_shard(layer)
+    return fully_shard(model)
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# accelerate_batch_sampler_shard
+# --------------------------------------------------------------------------------------------------------------------
+
+LENGTHS = [3, 5, 2, 7, 4, 4, 6, 1, 8, 2, 3]
+
+
+def token_batches_on_rank_1_of_2() -> tuple[TokenBatchSampler, DataLoader]:
+    """Token batches of LENGTHS and the DataLoader that Accelerate prepares for process 1 of 2."""
+    sampler = TokenBatchSampler(LENGTHS, LENGTHS, 16, seed=0, num_replicas=1, rank=0)
+    loader = DataLoader(list(range(len(LENGTHS))), batch_sampler=sampler, collate_fn=list)
+    return sampler, prepare_data_loader(loader, num_processes=2, process_index=1, put_on_device=False)
+
+
+def test_accelerate_still_shards_a_batch_sampler_again():
+    """accelerate_batch_sampler_shard: `prepare` wraps any batch sampler in a BatchSamplerShard that deals its batches
+    out round-robin (process 1 of 2 keeps every second one), and the wrapper has no set_epoch of its own."""
+    sampler, prepared = token_batches_on_rank_1_of_2()
+    shard = prepared.batch_sampler
+    assert isinstance(shard, BatchSamplerShard) and shard.batch_sampler is sampler
+    everything = list(sampler)
+    assert len(everything) == 4
+    assert list(prepared) == everything[1::2]
+    assert not hasattr(BatchSamplerShard, "set_epoch")
+
+
+def test_a_pass_through_batch_sampler_shard_yields_the_samplers_batches():
+    """accelerate_batch_sampler_shard: BatchSamplerShard's `num_processes` and `process_index` are still the fields
+    that decide what it yields (1 and 0 make it a pass-through), and a set_epoch given to it reaches the sampler
+    through skip_first_batches, as the Trainer calls it when it resumes mid-epoch."""
+    assert {"num_processes", "process_index"} <= set(inspect.signature(BatchSamplerShard).parameters)
+    sampler, prepared = token_batches_on_rank_1_of_2()
+    everything = sampler.epoch_order()
+    assert accelerate_batch_sampler_shard.take_over_sharding(prepared, sampler)
+    assert (sampler.num_replicas, sampler.rank) == (2, 1)
+    for _ in range(2):  # each pass is the next epoch (DataLoaderShard.set_epoch), with its own order
+        batches = list(prepared)
+        assert batches == sampler.epoch_order()[1::2]
+    assert len(batches) == len(everything) // 2
+    skipped = skip_first_batches(prepared, 1)
+    skipped.batch_sampler.batch_sampler.set_epoch(7)  # what Trainer._run_epoch calls
+    assert sampler.epoch == 7
+    # one process: no wrapper, nothing to take over
+    single = DataLoader(list(range(len(LENGTHS))), batch_sampler=sampler, collate_fn=list)
+    assert not accelerate_batch_sampler_shard.take_over_sharding(single, sampler)
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# accelerate_fsdp_on_cpu
+# --------------------------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def cpu_processes_asked_for_fsdp(monkeypatch, one_process_group, reset_accelerate):
+    """An Accelerator of CPU processes launched with `--use_fsdp --fsdp_version 2` (one process here)."""
+    from accelerate import Accelerator
+
+    for name, value in (("ACCELERATE_USE_CPU", "true"), ("ACCELERATE_USE_FSDP", "true"), ("FSDP_VERSION", "2")):
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")  # else Accelerate sets the threads of MULTI_CPU processes
+    return Accelerator()
+
+
+def test_accelerate_still_drops_fsdp_on_cpu_processes(cpu_processes_asked_for_fsdp):
+    """accelerate_fsdp_on_cpu: CPU processes in a gloo group that asked for FSDP get plain data parallelism."""
+    from accelerate.utils import DistributedType
+
+    state = cpu_processes_asked_for_fsdp.state
+    assert state.backend == "gloo"
+    assert state.distributed_type == DistributedType.MULTI_CPU
+    assert getattr(state, "fsdp_plugin", None) is None
+
+
+def test_the_fsdp_type_holds_only_through_accelerates_shared_state(cpu_processes_asked_for_fsdp):
+    """accelerate_fsdp_on_cpu: a later AcceleratorState() copies PartialState's private `_shared_state` over its own
+    type (so setting the state's type alone does not hold), and the workaround makes FSDP2 hold."""
+    from accelerate.state import AcceleratorState, PartialState
+    from accelerate.utils import DistributedType
+
+    accelerator = cpu_processes_asked_for_fsdp
+    assert PartialState._shared_state["distributed_type"] == DistributedType.MULTI_CPU
+    accelerator.state.distributed_type = DistributedType.FSDP
+    assert AcceleratorState().distributed_type == DistributedType.MULTI_CPU
+    args = SimpleNamespace(fsdp_plugin_args=None, deepspeed=None)  # FSDP asked for by the launch's environment
+    assert accelerate_fsdp_on_cpu.enable_fsdp_on_cpu(accelerator, args)
+    assert AcceleratorState().distributed_type == DistributedType.FSDP
+    assert accelerator.is_fsdp2 and accelerator.state.fsdp_plugin.fsdp_version == 2
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# accelerate_launch_without_gpus
+# --------------------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.skipif(torch.accelerator.is_available(), reason="the limit is that of a machine without accelerators")
+def test_accelerate_still_leaves_a_launched_process_alone_without_gpus(monkeypatch):
+    """accelerate_launch_without_gpus: for a process of a 2-process launch without accelerators, Accelerate's
+    PartialState finds no backend (each process a single process, DistributedType.NO) unless it is told to use the
+    CPU (then gloo, MULTI_CPU); the workaround tells it through ACCELERATE_USE_CPU, which Accelerate and transformers
+    read. (`_prepare_backend` decides it without starting a group, which would wait for the other process.)"""
+    from accelerate.state import AcceleratorState, PartialState
+    from accelerate.utils import DistributedType
+
+    for name, value in zip(LAUNCH_ENV, ("127.0.0.1", str(free_port()), "0", "2", "0", "2")):
+        monkeypatch.setenv(name, value)
+    monkeypatch.delenv("ACCELERATE_USE_CPU", raising=False)
+    state = SimpleNamespace()  # _prepare_backend reads nothing of its state
+    assert PartialState._prepare_backend(state, cpu=False) == (None, DistributedType.NO)
+    assert PartialState._prepare_backend(state, cpu=True) == ("gloo", DistributedType.MULTI_CPU)
+    assert accelerate_launch_without_gpus.use_cpu_if_no_accelerator()
+    assert os.environ["ACCELERATE_USE_CPU"] == "true"
+    assert 'parse_flag_from_env("ACCELERATE_USE_CPU")' in inspect.getsource(AcceleratorState.__init__)
+    assert 'os.environ.get("ACCELERATE_USE_CPU"' in inspect.getsource(TrainingArguments._setup_devices.func)
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# datasets_single_process_map
+# --------------------------------------------------------------------------------------------------------------------
+
+
+def test_datasets_still_starts_a_pool_for_one_process(monkeypatch):
+    """datasets_single_process_map: `map(num_proc=1)` (and `filter`) asks for a pool of one worker process, and
+    replaces os.environ while it runs; the workaround's num_proc runs in this process."""
+    pools = []
+
+    class NoPool(Exception):
+        pass
+
+    def pool(processes, *args, **kwargs):
+        pools.append(processes)
+        raise NoPool
+
+    monkeypatch.setattr(datasets.arrow_dataset.mp, "Pool", pool)
+    monkeypatch.setenv("TOKENIZERS_PARALLELISM", "false")  # map sets it for its workers
+    dataset = datasets.Dataset.from_dict({"a": [1, 2, 3, 4]})
+    with pytest.raises(NoPool):
+        dataset.map(lambda batch: batch, batched=True, num_proc=1)
+    with pytest.raises(NoPool):
+        dataset.filter(lambda batch: [True] * len(batch["a"]), batched=True, num_proc=1)
+    assert pools == [1, 1]
+    assert "os.environ = prev_env" in inspect.getsource(datasets.Dataset.map)
+
+    num_proc = datasets_single_process_map.map_num_proc(1)
+    assert num_proc is None
+    assert dataset.map(lambda batch: {"b": batch["a"]}, batched=True, num_proc=num_proc)["b"] == [1, 2, 3, 4]
+    assert pools == [1, 1]
+    assert datasets_single_process_map.map_num_proc(2) == 2
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# torch_fsdp_class_swap, torch_fsdp_gathered_ties, torch_fsdp_aliased_module_load
+# --------------------------------------------------------------------------------------------------------------------
+
+
+def test_fully_shard_still_saves_its_own_class_in_the_auto_map(one_process_group, tmp_path):
+    """torch_fsdp_class_swap: `fully_shard` swaps the model's class for one defined in PyTorch's FSDP package, and
+    transformers' saving of a trust_remote_code model names that class's module in the auto_map; inside
+    `model_class_unwrapped` the model is its own class again, and after it sharded again."""
+    from torch.distributed.fsdp import FSDPModule
+    from transformers.dynamic_module_utils import custom_object_save
+
+    model = sharded_tiny_model()
+    sharded_class = type(model)
+    assert sharded_class.__module__.startswith("torch.distributed.fsdp")
+    model._auto_class = "AutoModelForSeq2SeqLM"
+    config = {}
+    custom_object_save(model, str(tmp_path), config=config)
+    assert config["auto_map"]["AutoModelForSeq2SeqLM"] == f"_fsdp_init.{sharded_class.__name__}"
+
+    with torch_fsdp_class_swap.model_class_unwrapped(model):
+        config = {}
+        custom_object_save(model, str(tmp_path), config=config)
+    expected = "modeling_vanilla_transformer.VanillaTransformerForConditionalGeneration"
+    assert config["auto_map"]["AutoModelForSeq2SeqLM"] == expected
+    assert type(model) is sharded_class and isinstance(model, FSDPModule)
+
+
+def gathered_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The full state dict of a sharded model, with the options Accelerate gathers it with on several processes."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+
+
+def test_fsdp_still_gathers_tied_names_as_separate_tensors(one_process_group):
+    """torch_fsdp_gathered_ties: the full state dict of a sharded model holds `lm_head.weight` and
+    `model.shared.weight` (and both `embed_tokens`) as separate equal tensors; the workaround makes them one."""
+    model = sharded_tiny_model()
+    state_dict = gathered_state_dict(model)
+    names = ["lm_head.weight", *tied_names(model)]
+    assert {name for name in names if state_dict[name] is not state_dict["model.shared.weight"]} == set(names)
+    assert all(torch.equal(state_dict[name], state_dict["model.shared.weight"]) for name in names)
+    torch_fsdp_gathered_ties.share_tied_tensors(state_dict, model)
+    assert all(state_dict[name] is state_dict["model.shared.weight"] for name in names)
+
+
+def test_fsdp_still_fails_to_load_a_full_state_dict_with_module_aliases(one_process_group, tmp_path):
+    """torch_fsdp_aliased_module_load: PyTorch's full-state-dict loader with rank 0's broadcast (the options
+    Accelerate's load_fsdp_model uses on several processes) fails with a KeyError on the second name of the shared
+    embedding module; the workaround loads the same file."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+    saved = {name: tensor.clone() for name, tensor in gathered_state_dict(sharded_tiny_model()).items()}
+    model = sharded_tiny_model()  # other random weights
+    options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True, cpu_offload=True)
+    with pytest.raises(KeyError, match="embed_tokens"):
+        set_model_state_dict(model, dict(saved), options=options)
+
+    path = tmp_path / "pytorch_model_fsdp.bin"
+    torch.save(saved, path)
+    accelerator = SimpleNamespace(is_main_process=True, wait_for_everyone=lambda: None)
+    torch_fsdp_aliased_module_load.load_full_state_dict_checkpoint(accelerator, model, str(path))
+    for name, tensor in gathered_state_dict(model).items():
+        torch.testing.assert_close(tensor, saved[name], rtol=0, atol=0, msg=name)
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# transformers_resume_past_the_end, transformers_tied_names_missing_on_resume, transformers_ddp_timeout_on_cpu
+# --------------------------------------------------------------------------------------------------------------------
+
+
+class Regression(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.linear = torch.nn.Linear(2, 1)
+
+    def forward(self, x, y):
+        return {"loss": ((self.linear(x).squeeze(-1) - y) ** 2).mean()}
+
+
+class CountSteps(TrainerCallback):
+    def __init__(self):
+        self.steps = 0
+
+    def on_step_end(self, args, state, control, **kwargs):
+        self.steps += 1
+
+
+class StopIfFinished(Trainer):
+    def _run_epoch(self, *args, **kwargs):
+        if transformers_resume_past_the_end.stop_if_finished(self):
+            return
+        return super()._run_epoch(*args, **kwargs)
+
+
+def test_transformers_still_trains_past_the_end_of_a_resumed_run(tmp_path, one_thread):
+    """transformers_resume_past_the_end: a Trainer resumed from a run's final checkpoint (step 3 of 3, not at an
+    epoch's end) trains one step more; with the workaround it trains none."""
+    data = datasets.Dataset.from_dict({"x": [[float(i), 1.0] for i in range(16)], "y": [float(i) for i in range(16)]})
+
+    def args() -> TrainingArguments:
+        return TrainingArguments(
+            str(tmp_path), max_steps=3, save_steps=3, per_device_train_batch_size=2, use_cpu=True, report_to="none"
+        )
+
+    Trainer(Regression(), args(), train_dataset=data).train()
+    for trainer_class, steps in ((Trainer, 1), (StopIfFinished, 0)):
+        count = CountSteps()
+        trainer = trainer_class(Regression(), args(), train_dataset=data, callbacks=[count])
+        trainer.train(resume_from_checkpoint=str(tmp_path / "checkpoint-3"))
+        assert (count.steps, trainer.state.global_step) == (steps, 3 + steps), trainer_class.__name__
+
+
+def test_transformers_still_warns_about_tied_names_on_resume(caplog):
+    """transformers_tied_names_missing_on_resume: what torch's load_state_dict reports for a checkpoint that stores
+    the tied weight once, Trainer's `_issue_warnings_after_load` warns about as missing; without the names that were
+    loaded under the name they alias, nothing is missing."""
+    model = tiny_model()
+    stored_once = {name: tensor for name, tensor in model.state_dict().items() if name not in tied_names(model)}
+    load_result = model.load_state_dict(stored_once, strict=False)
+    assert set(load_result.missing_keys) == set(tied_names(model)) != set()
+    library = logging.getLogger("transformers")  # its loggers do not propagate to the root logger, caplog's
+    library.addHandler(caplog.handler)
+    try:
+        with caplog.at_level(logging.WARNING, logger="transformers"):
+            Trainer._issue_warnings_after_load(SimpleNamespace(model=model), load_result)
+    finally:
+        library.removeHandler(caplog.handler)
+    (record,) = caplog.records
+    assert "missing keys" in record.getMessage() and "lm_head.weight" in record.getMessage()
+    kept = transformers_tied_names_missing_on_resume.drop_loaded_tied_names(load_result, model)
+    assert kept.missing_keys == [] and kept.unexpected_keys == load_result.unexpected_keys
+
+
+def test_transformers_still_drops_the_process_group_timeout_on_cpu(tmp_path, monkeypatch):
+    """transformers_ddp_timeout_on_cpu: transformers 5.24's TrainingArguments give Accelerate the ddp_timeout only
+    for accelerator devices. When this fails, transformers passes it on CPU too: remove the workaround."""
+    given = {}
+
+    class Stop(Exception):
+        pass
+
+    def record(**kwargs):
+        given.update(kwargs)
+        raise Stop
+
+    monkeypatch.setattr(transformers.training_args, "PartialState", record)
+    with pytest.raises(Stop):  # the arguments set the devices up as they are made
+        transformers.TrainingArguments(output_dir=str(tmp_path), use_cpu=True, ddp_timeout=30, report_to="none")
+    assert given.get("cpu") and "timeout" not in given
+
+
+def test_setup_devices_is_still_a_cached_property():
+    """transformers_ddp_timeout_on_cpu: TranslationTrainingArguments overrides TrainingArguments' private
+    `_setup_devices`, a cached_property that sets the devices up, and calls it through super()."""
+    assert isinstance(inspect.getattr_static(TrainingArguments, "_setup_devices"), functools.cached_property)
+    assert "PartialState(" in inspect.getsource(TrainingArguments._setup_devices.func)
+
+
+# Trainer methods TranslationTrainer overrides (their parameters) and a call that shows the Trainer still uses each
+OVERRIDDEN = {
+    "_save": (["self", "output_dir", "state_dict"], "save_model", "self._save("),
+    "_run_epoch": (
+        ["self", "model", "epoch", "train_dataloader", "steps_in_epoch", "num_update_steps_per_epoch", "trial"]
+        + ["ignore_keys_for_eval", "start_time", "resume_from_checkpoint", "epochs_trained"]
+        + ["steps_trained_in_current_epoch"],
+        "_inner_training_loop",
+        "self._run_epoch(",
+    ),
+    "_load_from_checkpoint": (["self", "resume_from_checkpoint", "model"], "train", "self._load_from_checkpoint("),
+    "_issue_warnings_after_load": (
+        ["self", "load_result"],
+        "_load_from_checkpoint",
+        "self._issue_warnings_after_load(",
+    ),
+    "create_accelerator_and_postprocess": (["self"], "__init__", "self.create_accelerator_and_postprocess()"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(OVERRIDDEN))
+def test_the_trainer_methods_the_workarounds_override_still_exist(name):
+    """The workarounds in TranslationTrainer's overrides: Seq2SeqTrainer still has the method, with the parameters
+    the override passes on, and still calls it where the workaround expects."""
+    parameters, caller, call = OVERRIDDEN[name]
+    assert list(inspect.signature(getattr(Seq2SeqTrainer, name)).parameters) == parameters
+    assert call in inspect.getsource(getattr(Trainer, caller))
+
+
+def test_the_private_trainer_and_datasets_api_the_toolkit_reuses_still_exists():
+    """Not workarounds, but private API outside them: token batching (batching.py) builds its DataLoader with
+    Trainer's column helpers and marks a scheduler it made as Trainer does; the tokenised splits' cache keys
+    (data.py) use a dataset's `_fingerprint`."""
+    assert list(inspect.signature(Trainer._remove_unused_columns).parameters) == ["self", "dataset", "description"]
+    collator_helper = inspect.signature(Trainer._get_collator_with_removed_columns).parameters
+    assert list(collator_helper) == ["self", "data_collator", "description"]
+    assert "self._created_lr_scheduler = True" in inspect.getsource(Trainer.create_scheduler)
+    assert "if self._created_lr_scheduler:" in inspect.getsource(Trainer._prepare_for_training)
+    dataset = datasets.Dataset.from_dict({"a": [1]})
+    assert isinstance(dataset._fingerprint, str) and dataset._fingerprint != dataset.map(lambda row: row)._fingerprint
