@@ -71,6 +71,15 @@ def test_the_plug_in_imports_only_torch_transformers_and_itself():
         assert {short(m) for m in own} <= set(PLUG_IN), name
 
 
+def test_no_arrow_runs_back_up():
+    """training/ imports nothing of inference/, hub/ or plots/; no toolkit module imports scripts/ or benchmarks/."""
+    for path in PACKAGE.rglob("*.py"):
+        own, other = imports_of(path)
+        assert not other & {"scripts", "benchmarks", "speed", "common"}, path
+        if short(module_name(path)).startswith("training"):
+            assert not {m for m in own if short(m).startswith(("inference", "hub", "plots"))}, path
+
+
 def test_the_docs_table_is_the_one_the_code_has():
     table = import_table()
     assert table in (ROOT / "docs" / "package.md").read_text(), f"docs/package.md's table is out of date:\n{table}"
