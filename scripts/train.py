@@ -425,7 +425,9 @@ def main(argv: list[str] | None = None, callbacks=None) -> dict:
             with open(os.path.join(training_args.output_dir, "generated_predictions.txt"), "w") as f:
                 f.write("\n".join(lines) + "\n")
 
-    if trainer.is_world_process_zero():
+    if trainer.is_world_process_zero() and not os.path.isfile(os.path.join(training_args.output_dir, "config.json")):
+        print(f"train.py: no model card: {training_args.output_dir} holds no saved model (nothing was trained here)")
+    elif trainer.is_world_process_zero():
         from vanilla_transformer.hub.model_card import write_model_card
 
         recipe = training_args

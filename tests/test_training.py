@@ -469,10 +469,10 @@ def test_the_whole_test_file_is_translated_and_scored(tmp_path, demo_tokenizer, 
     pairs.insert(9, {"de": "", "en": "one"})
     test_file = tmp_path / "test.jsonl"
     test_file.write_text("".join(json.dumps({"translation": p}, ensure_ascii=False) + "\n" for p in pairs))
-    out = tmp_path / "model"  # evaluated in its own folder, where train.py writes the results and the card
+    model_dir, out = tmp_path / "model", tmp_path / "evaluated"  # results in a folder of their own, no card there
     model = tiny_model(vocab_size=len(tokenizer), position_embedding_type="learned", max_position_embeddings=16)
-    model.save_pretrained(out)
-    tokenizer.save_pretrained(out)
+    model.save_pretrained(model_dir)
+    tokenizer.save_pretrained(model_dir)
     launcher = tmp_path / "echo.py"
     launcher.write_text(ECHO_LAUNCHER)
 
@@ -481,12 +481,13 @@ def test_the_whole_test_file_is_translated_and_scored(tmp_path, demo_tokenizer, 
         command = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2"]
         command += ["--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no"]
         command += ["--main_process_port", str(free_port()), str(launcher)]
-    command += [str(ROOT / "scripts" / "train.py"), "--model_name_or_path", str(out), "--output_dir", str(out)]
+    command += [str(ROOT / "scripts" / "train.py"), "--model_name_or_path", str(model_dir), "--output_dir", str(out)]
     command += ["--do_predict", "--test_file", str(test_file), "--source_lang", "de", "--target_lang", "en"]
     command += ["--per_device_eval_batch_size", "2", *TINY_MODEL[2:]]  # the model's size is its own
     result = subprocess.run(command, capture_output=True, text=True, env=script_env(tmp_path), timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     assert f"test: 1 of {len(pairs)} sources longer than 16 tokens were truncated to 16" in result.stdout
+    assert "no model card" in result.stdout and not (out / "README.md").exists()
 
     results = json.loads((out / "all_results.json").read_text())
     predictions = (out / "generated_predictions.txt").read_text().splitlines()
