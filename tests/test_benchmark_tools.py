@@ -151,6 +151,7 @@ with open(os.path.join(training_args.output_dir, "all_results.json"), "w") as f:
 """
 
 
+@pytest.mark.slow
 def test_end_to_end_driver_runs_the_official_script_from_a_folder_with_the_metric(tmp_path):
     """With --run_translation, the Marian side is that script, unmodified: given a saved random Marian and the
     tokenizer, a .json training file, Trainer flags that transformers parses, and the sacrebleu module beside it.
