@@ -291,6 +291,7 @@ def test_token_batching_pads_less_than_sentence_batching_on_the_demo_corpus():
     assert min(row["total"] for row in token) > 0.9
 
 
+@pytest.mark.distributed
 def test_two_processes_see_every_pair_once_per_epoch(tmp_path):
     """A real 2-process run (torchrun, gloo on CPU): accelerate prepares the loader, our sampler takes over its
     sharding, and both ranks train with gradient accumulation."""

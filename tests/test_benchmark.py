@@ -52,6 +52,7 @@ def test_tiny_run_prints_a_table_and_writes_json(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("name, label_smoothing", [("vanilla", 0.0), ("marian", 0.1)])
+@pytest.mark.slow
 def test_memory_subprocess_reports_the_peak_of_its_training_steps(name, label_smoothing):
     settings = speed.BenchmarkSettings(
         sizes=["tiny"], memory_steps=1, train_batch_size=2, train_src_len=6, train_tgt_len=5

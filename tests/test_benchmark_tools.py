@@ -105,20 +105,36 @@ def test_builder_refuses_the_reserved_german_catalogs(tmp_path, corpus_module):
         corpus_module.main(["--output_dir", str(tmp_path), "--language", "de"])
 
 
-def test_paired_bootstrap_finds_a_real_gain_and_no_gain_between_equals():
+def test_compare_reports_whose_bleu_is_whose_and_the_gain_of_the_system(tmp_path, capsys):
+    """compare.py's own part around sacreBLEU's paired bootstrap (whose statistics are sacreBLEU's, not tested here):
+    each system's corpus BLEU under its name, the gain as system minus baseline, the intervals and p-value passed on,
+    the files read one sentence per line, the printed line, and lists of unequal length refused."""
+    from sacrebleu.metrics import BLEU
+
     compare = load_script("compare", folder="benchmarks")
-    references = [f"the cat number {i} sat on the mat" for i in range(200)]
-    worse = [f"a cat {i} sat mat" for i in range(200)]
-    result = compare.paired_bootstrap(references, worse, references, n_samples=200)
-    assert result["system_bleu"] == pytest.approx(100.0)
-    assert result["delta"] > 50 and result["p_value"] < 0.05
-    # equally good systems that are right on different halves: no significant difference
-    even = [r if i % 2 else w for i, (r, w) in enumerate(zip(references, worse))]
-    odd = [w if i % 2 else r for i, (r, w) in enumerate(zip(references, worse))]
-    tie = compare.paired_bootstrap(references, even, odd, n_samples=200)
-    assert abs(tie["delta"]) < 5 and tie["p_value"] > 0.05
+    references = [f"the cat number {i} sat on the mat" for i in range(20)]
+    baseline = [f"a cat {i} sat on the mat" if i % 2 else f"the cat number {i} sat" for i in range(20)]
+    system = references[:10] + baseline[10:]  # right on half the sentences: better than the baseline
+    result = compare.paired_bootstrap(references, baseline, system, n_samples=50)
+    assert result["baseline_bleu"] == pytest.approx(BLEU().corpus_score(baseline, [references]).score)
+    assert result["system_bleu"] == pytest.approx(BLEU().corpus_score(system, [references]).score)
+    assert result["delta"] == pytest.approx(result["system_bleu"] - result["baseline_bleu"]) and result["delta"] > 0
+    assert result["baseline_ci"] > 0 and result["system_ci"] > 0
+    assert result["p_value"] < 0.05  # the system's p-value: a gain on half the sentences is no chance
+    swapped = compare.paired_bootstrap(references, system, baseline, n_samples=50)
+    assert (swapped["baseline_bleu"], swapped["system_bleu"]) == (result["system_bleu"], result["baseline_bleu"])
+    assert (swapped["baseline_ci"], swapped["system_ci"]) == pytest.approx((result["system_ci"], result["baseline_ci"]))
+    assert swapped["delta"] == pytest.approx(-result["delta"])
+
+    for name, lines in (("references", references), ("baseline", baseline), ("system", system)):
+        (tmp_path / name).write_text("\n".join(lines) + "\n", encoding="utf-8")
+    argv = [f"--{name}={tmp_path / name}" for name in ("references", "baseline", "system")] + ["--n_samples", "50"]
+    assert compare.main(argv) == result
+    line = capsys.readouterr().out
+    assert line.startswith(f"baseline BLEU {result['baseline_bleu']:.2f} ± {result['baseline_ci']:.2f}, system BLEU ")
+    assert line.endswith(f"delta +{result['delta']:.2f} (paired bootstrap p = {result['p_value']:.4f})\n")
     with pytest.raises(ValueError, match="same number of lines"):
-        compare.paired_bootstrap(references, worse[:-1], references)
+        compare.paired_bootstrap(references, baseline[:-1], references)
 
 
 def test_end_to_end_driver_gives_train_py_the_marian_side_settings(tmp_path):
@@ -156,6 +172,7 @@ with open(os.path.join(training_args.output_dir, "all_results.json"), "w") as f:
 """
 
 
+@pytest.mark.slow
 def test_end_to_end_driver_runs_the_official_script_from_a_folder_with_the_metric(tmp_path):
     """With --run_translation, the Marian side is that script, unmodified: given a saved random Marian and the
     tokenizer, a .json training file, Trainer flags that transformers parses, and the sacrebleu module beside it.
@@ -178,10 +195,14 @@ def test_end_to_end_driver_runs_the_official_script_from_a_folder_with_the_metri
     workdir = end_to_end.prepare_run_translation(args)
     run_dir = out / "marian-0"
     run_dir.mkdir()
+    # what `run` would read if it ignored the results folder it is given
+    (run_dir / "all_results.json").write_text(json.dumps({"train_samples_per_second": 1.0, "train_runtime": 1.0}))
     result = end_to_end.run(
         end_to_end.run_translation_command(args, str(run_dir)), str(run_dir), str(run_dir / "output"), cwd=workdir
     )
-    assert result["train_samples_per_second"] == 12.5 and result["peak_rss_mib"] > 0
+    # the Trainer's figures from the results folder, and the peak memory of a process that imported torch, in MiB
+    assert (result["train_samples_per_second"], result["train_runtime"]) == (12.5, 3.0)
+    assert 100 < result["peak_rss_mib"] < 10_000 and result["wall_s"] > 0
     with open(run_dir / "output" / "all_results.json") as f:
         written = json.load(f)
     assert written["steps"] == 7 and written["rest"][:2] == ["--model_name_or_path", str(out / "marian-init")]

@@ -1,8 +1,11 @@
-import pytest
-from huggingface_hub.errors import StrictDataclassError
-from transformers import AutoConfig
+import json
 
-from vanilla_transformer import VanillaTransformerConfig
+import pytest
+from conftest import tiny_config
+from huggingface_hub.errors import StrictDataclassError
+from transformers import AutoConfig, AutoModelForSeq2SeqLM
+
+from vanilla_transformer import VanillaTransformerConfig, VanillaTransformerForConditionalGeneration
 
 
 def test_defaults_are_the_paper_base_model():
@@ -18,8 +21,19 @@ def test_defaults_are_the_paper_base_model():
     assert (config.hidden_size, config.num_attention_heads, config.num_hidden_layers) == (512, 8, 6)
 
 
-def test_generation_defaults_live_on_generation_config_not_on_config():
-    assert "num_beams" not in VanillaTransformerConfig().to_dict()
+def test_decoding_settings_live_on_the_generation_config_which_takes_the_configs_special_ids(tmp_path):
+    """transformers 5 keeps decoding settings in generation_config.json: a new model's generation config takes the
+    special ids from its config, and a beam setting saved with the model comes back from generation_config.json,
+    config.json holding none."""
+    config = tiny_config(bos_token_id=3, eos_token_id=4, pad_token_id=5, decoder_start_token_id=6)
+    model = VanillaTransformerForConditionalGeneration(config)
+    generation = model.generation_config
+    ids = (generation.bos_token_id, generation.eos_token_id, generation.pad_token_id, generation.decoder_start_token_id)
+    assert ids == (3, 4, 5, 6)
+    generation.num_beams = 4
+    model.save_pretrained(tmp_path)
+    assert "num_beams" not in json.loads((tmp_path / "config.json").read_text())
+    assert AutoModelForSeq2SeqLM.from_pretrained(tmp_path).generation_config.num_beams == 4
 
 
 def test_auto_config_round_trip(tmp_path):

@@ -91,7 +91,14 @@ def test_only_the_cpus_the_process_may_run_on(monkeypatch):
 
 @pytest.mark.parametrize(
     "cpu_max, limit",
-    [("max 100000\n", None), ("200000 100000\n", 2), ("150000 100000\n", 2), ("50000 100000\n", 1), ("x", None)],
+    [
+        ("max 100000\n", None),
+        ("200000 100000\n", 2),
+        ("150000 100000\n", 2),
+        ("250000 100000\n", 3),  # rounded up: not 2, as rounding down or to the nearest even would give
+        ("0 100000\n", 1),  # a quota of nothing still leaves one thread
+        ("x", None),
+    ],
 )
 def test_cgroup_cpu_quota(monkeypatch, tmp_path, cpu_max, limit):
     (tmp_path / "cpu.max").write_text(cpu_max)
@@ -102,6 +109,20 @@ def test_cgroup_cpu_quota(monkeypatch, tmp_path, cpu_max, limit):
     torch.set_num_threads(4)
     message = cpu.set_cpu_threads()
     assert torch.get_num_threads() == min(4, limit or 4) and ("quota" in message) == (limit is not None)
+
+
+def test_a_checkpoint_gives_back_only_a_positive_thread_count(tmp_path):
+    def recorded(entry) -> int | None:
+        state = {"stateful_callbacks": {"CpuThreadsCallback": entry}}
+        (tmp_path / "trainer_state.json").write_text(json.dumps(state))
+        return cpu.recorded_threads(tmp_path)
+
+    assert recorded({"args": {"threads": 3}}) == 3
+    assert recorded([{"args": {"threads": 1}}, {"args": {"threads": 2}}]) == 2  # several records: the last
+    for bad in (0, -1, True, 1.5, "2", None):
+        assert recorded({"args": {"threads": bad}}) is None, bad
+    assert recorded([]) is None and recorded("2") is None
+    assert cpu.recorded_threads(tmp_path / "missing") is None
 
 
 def test_no_cgroup_file_means_no_quota():  # the autouse fixture points the reader at a missing file

@@ -1,5 +1,6 @@
 """The model learns: overfitting, Seq2SeqTrainer, and the classic from-scratch demos."""
 
+import pytest
 import torch
 from conftest import tiny_config, word_tokenizer
 from datasets import Dataset
@@ -36,6 +37,7 @@ def reverse_task(n: int = 64, vocab: int = 20, seed: int = 0) -> tuple[torch.Ten
     return pad(sources, PAD), pad(targets, -100)
 
 
+@pytest.mark.slow
 def test_tiny_model_overfits_64_pairs_to_exact_match():
     torch.manual_seed(0)
     src, labels = reverse_task()
@@ -60,6 +62,7 @@ def test_tiny_model_overfits_64_pairs_to_exact_match():
     assert exact == 64, f"only {exact}/64 reversed exactly (loss {loss.item():.4f})"
 
 
+@pytest.mark.slow
 def test_seq2seq_trainer_with_label_smoothing_accumulation_and_generation(tmp_path):
     words = [str(i) for i in range(10)]
     tokenizer = word_tokenizer(words)
@@ -127,6 +130,7 @@ def test_classic_demo_separate_vocabularies_shapes():
     assert model.model.encoder.embeddings.embed_tokens.weight.shape == (8500, 64)
 
 
+@pytest.mark.slow
 def test_pre_norm_variant_trains():
     torch.manual_seed(0)
     src, labels = reverse_task(32)
@@ -143,6 +147,7 @@ def test_pre_norm_variant_trains():
     assert losses[-1] < 0.6 * losses[0]
 
 
+@pytest.mark.slow
 def test_classification_head_learns_a_two_class_toy_task():
     """The "moth" demo: is the token sequence mostly 'a' words (class 1) or mostly 'b' words (class 0)?"""
     torch.manual_seed(0)

@@ -125,6 +125,7 @@ def demo_args(output_dir, tokenizer: str, *extra: str) -> list[str]:
         pytest.param(DDP_LAUNCH, TRANSFORMERS_FSDP, id="transformers-fsdp-flags"),
     ],
 )
+@pytest.mark.distributed
 def test_several_processes_train_the_demo_batches_on_the_defaults(tmp_path, tokenizer, launch_flags, extra):
     args = demo_args(tmp_path / "out", tokenizer, *extra)
     code, output = finish(accelerate_launch(tmp_path, launch_flags, args))
@@ -141,6 +142,7 @@ def test_several_processes_train_the_demo_batches_on_the_defaults(tmp_path, toke
         assert max(counts[0]) > 1, counts[0]
 
 
+@pytest.mark.distributed
 def test_processes_that_disagree_fail_in_seconds_instead_of_hanging(tmp_path, tokenizer):
     """Without the agreement each process chunks its own batch: FSDP2's gathers stop matching, and the process-group
     timeout (10 s here) turns what used to be a silent hang into an error."""
@@ -169,6 +171,7 @@ def single_process_run(tmp_path_factory) -> dict[str, torch.Tensor]:
 
 
 @pytest.mark.parametrize("launch_flags", [DDP_LAUNCH, FSDP_LAUNCH], ids=["ddp", "fsdp2"])
+@pytest.mark.distributed
 def test_two_machines_on_localhost_train_like_one_process(tmp_path, launch_flags, single_process_run):
     """`accelerate launch --num_machines 2 --machine_rank 0|1`, one process on each "machine", a shared output folder:
     the second machine waits for the tokenizer that global rank 0 trains, and the result equals one process trained

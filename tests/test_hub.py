@@ -377,6 +377,7 @@ def test_translation_pipeline_gives_what_generate_gives(checkpoint):
         pipeline("translation", model=str(checkpoint.path))
 
 
+@pytest.mark.slow
 def test_loads_and_translates_without_the_package(checkpoint, fresh_python, tmp_path):
     env = subprocess_env(tmp_path / "hf_home")
     loaded = load_as_user_without_package(fresh_python, str(checkpoint.path), env, tmp_path / "run")
@@ -395,6 +396,7 @@ def push_to_local_hub(args: list[str], tmp_path: Path, overrides: dict[str, str]
     )
 
 
+@pytest.mark.slow
 def test_push_to_hub_round_trip_through_a_local_hub(checkpoint, fresh_python, tmp_path):
     model_dir = tmp_path / "toy-en-de"
     shutil.copytree(checkpoint.path, model_dir)
@@ -445,6 +447,7 @@ model.save_pretrained(out_dir, push_to_hub=True, repo_id=repo_id, private=True, 
 """
 
 
+@pytest.mark.slow
 def test_save_pretrained_with_push_to_hub_uploads_the_pipeline_file(checkpoint, tmp_path):
     """config.json declares custom_pipelines, so the pushed repo holds the pipeline's file: transformers uploads
     before save_pretrained returns, and the file is copied into the folder before that upload."""

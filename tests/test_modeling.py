@@ -9,7 +9,7 @@ from unittest.mock import patch
 
 import pytest
 import torch
-from conftest import decode_one_token_at_a_time, tiny_config
+from conftest import decode_one_token_at_a_time, tiny_config, tiny_model
 from transformers import (
     AttentionInterface,
     AutoModel,
@@ -32,13 +32,6 @@ from vanilla_transformer import (
 )
 from vanilla_transformer import input_checks_vanilla_transformer as input_checks
 from vanilla_transformer.modeling_vanilla_transformer import AddAndNorm, SinusoidalPositionalEncoding
-
-
-def make_model(attn_implementation: str = "sdpa", **overrides) -> VanillaTransformerForConditionalGeneration:
-    config = tiny_config(**overrides)
-    model = VanillaTransformerForConditionalGeneration(config)
-    model.set_attn_implementation(attn_implementation)
-    return model.eval()
 
 
 def source_batch(batch: int = 3, length: int = 9, pad_last: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
@@ -71,7 +64,7 @@ def test_sinusoidal_encoding_matches_the_paper_formula():
 
 
 def test_heads_are_split_with_a_transpose_not_a_bare_view():
-    model = make_model("eager")
+    model = tiny_model("eager")
     attention = model.model.encoder.layers[0].self_attn
     x = torch.randn(2, 5, 32)
     out, weights = attention(x)
@@ -88,7 +81,7 @@ def test_heads_are_split_with_a_transpose_not_a_bare_view():
 
 
 def test_layer_norm_uses_biased_variance_and_starts_at_identity():
-    model = make_model()
+    model = tiny_model()
     norm = model.model.encoder.layers[0].self_attn_norm.layer_norm
     assert torch.equal(norm.weight, torch.ones(32)) and torch.equal(norm.bias, torch.zeros(32))
     x = torch.randn(4, 32)
@@ -153,14 +146,14 @@ def test_normal_init_starts_each_sublayer_small_beside_its_residual():
     starts close to the identity; Xavier makes sub-layer outputs about half the residual (docs/training.md)."""
     ids = torch.randint(4, 4000, (8, 16))
     sizes = dict(vocab_size=4000, d_model=256, encoder_ffn_dim=1024, decoder_ffn_dim=1024)
-    normal = VanillaTransformerForConditionalGeneration(tiny_config(**sizes, init_scheme="normal")).eval()
-    xavier = VanillaTransformerForConditionalGeneration(tiny_config(**sizes, init_scheme="xavier")).eval()
+    normal = tiny_model(**sizes, init_scheme="normal")
+    xavier = tiny_model(**sizes, init_scheme="xavier")
     assert max(sublayer_to_residual_ratios(normal, ids)) < 0.25
     assert min(sublayer_to_residual_ratios(xavier, ids)) > 0.3
 
 
 def test_forward_returns_logits_not_probabilities():
-    model = make_model()
+    model = tiny_model()
     ids, mask = source_batch()
     logits = model(input_ids=ids, attention_mask=mask, decoder_input_ids=ids).logits
     assert not torch.allclose(logits.exp().sum(-1), torch.ones(logits.shape[:2]))
@@ -168,7 +161,7 @@ def test_forward_returns_logits_not_probabilities():
 
 
 def test_decoder_self_attention_is_causal():
-    model = make_model()
+    model = tiny_model()
     ids, _ = source_batch(1, pad_last=False)
     decoder_ids = torch.randint(3, 64, (1, 6))
     changed = decoder_ids.clone()
@@ -198,7 +191,7 @@ def test_parameter_count_of_the_base_model():
 
 
 def test_save_load_round_trip(tmp_path, caplog):
-    model = make_model()
+    model = tiny_model()
     model.save_pretrained(tmp_path)
     files = set(os.listdir(tmp_path))
     assert "model.safetensors" in files and not any(f.endswith((".bin", ".pt", ".pth")) for f in files)
@@ -246,7 +239,7 @@ def test_auto_classes(tmp_path):
 
 
 def test_trust_remote_code_without_the_package(tmp_path):
-    model = make_model()
+    model = tiny_model()
     model.generation_config = GenerationConfig(
         decoder_start_token_id=1, bos_token_id=1, eos_token_id=2, pad_token_id=0, max_new_tokens=8
     )
@@ -287,7 +280,7 @@ def test_trust_remote_code_without_the_package(tmp_path):
 
 
 def test_cache_and_no_cache_decode_the_same_tokens():
-    model = make_model()
+    model = tiny_model()
     ids, mask = source_batch()
     common = dict(input_ids=ids, attention_mask=mask, max_new_tokens=12, min_new_tokens=12)
     with_cache = model.generate(**common, use_cache=True)
@@ -298,7 +291,7 @@ def test_cache_and_no_cache_decode_the_same_tokens():
 
 
 def test_cache_holds_cross_attention_computed_once():
-    model = make_model()
+    model = tiny_model()
     ids, mask = source_batch()
     out = model(input_ids=ids, attention_mask=mask, decoder_input_ids=torch.ones(3, 1, dtype=torch.long))
     cache = out.cache
@@ -316,7 +309,7 @@ def test_cache_holds_cross_attention_computed_once():
 
 
 def test_incremental_decoding_matches_full_forward():
-    model = make_model()
+    model = tiny_model()
     ids, mask = source_batch()
     decoder_ids = torch.randint(3, 64, (3, 7))
     full = model(input_ids=ids, attention_mask=mask, decoder_input_ids=decoder_ids).logits
@@ -325,7 +318,7 @@ def test_incremental_decoding_matches_full_forward():
 
 
 def test_past_key_values_is_still_accepted():
-    model = make_model()
+    model = tiny_model()
     ids, _ = source_batch(1, pad_last=False)
     out = model(input_ids=ids, decoder_input_ids=torch.ones(1, 1, dtype=torch.long), use_cache=True)
     with pytest.warns(FutureWarning):
@@ -335,8 +328,8 @@ def test_past_key_values_is_still_accepted():
 
 @pytest.mark.parametrize("pre_norm", [False, True])
 def test_eager_and_sdpa_agree(pre_norm):
-    eager = make_model("eager", normalize_before=pre_norm)
-    sdpa = make_model("sdpa", normalize_before=pre_norm)
+    eager = tiny_model("eager", normalize_before=pre_norm)
+    sdpa = tiny_model("sdpa", normalize_before=pre_norm)
     sdpa.load_state_dict(eager.state_dict())
     ids, mask = source_batch()
     decoder_ids = torch.randint(3, 64, (3, 6))
@@ -349,7 +342,7 @@ def test_eager_and_sdpa_agree(pre_norm):
 
 
 def test_padded_batch_gives_the_same_tokens_as_each_sentence_alone():
-    model = make_model()
+    model = tiny_model()
     ids, mask = source_batch()
     common = dict(max_new_tokens=10, num_beams=1, do_sample=False)
     batched = model.generate(input_ids=ids, attention_mask=mask, **common)
@@ -362,7 +355,7 @@ def test_padded_batch_gives_the_same_tokens_as_each_sentence_alone():
 
 
 def test_generation_strategies_and_dict_outputs():
-    model = make_model("eager")
+    model = tiny_model("eager")
     ids, mask = source_batch()
     greedy = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=6)
     assert greedy.shape[0] == 3 and (greedy[:, 0] == 1).all()  # starts with decoder_start_token_id
@@ -399,7 +392,7 @@ def test_generation_strategies_and_dict_outputs():
 
 
 def test_static_cache_generation_matches_dynamic():
-    model = make_model()
+    model = tiny_model()
     ids, mask = source_batch()
     common = dict(input_ids=ids, attention_mask=mask, max_new_tokens=8, min_new_tokens=8)
     static = model.generate(**common, cache_implementation="static")
@@ -410,7 +403,7 @@ def test_compiles_as_one_graph_for_a_forward_and_a_static_cache_generate():
     """`_can_compile_fullgraph`: torch.compile(fullgraph=True) traces without a graph break (the eager backend: the
     tracing is what is tested, not the code generation), and generate's compiled static-cache decoding gives the same
     tokens as the dynamic cache."""
-    model = make_model()
+    model = tiny_model()
     ids, mask = source_batch()
     decoder_ids = torch.randint(3, 64, (3, 5))
     compiled = torch.compile(model, fullgraph=True, backend="eager")
@@ -439,7 +432,7 @@ def test_attention_backend_kwargs_reach_the_attention_function():
 
     AttentionInterface.register("recording", recording_attention)
     AttentionMaskInterface.register("recording", sdpa_mask)  # the masks sdpa takes, as it delegates to sdpa
-    model = make_model()
+    model = tiny_model()
     ids, mask = source_batch()
     expected = model(input_ids=ids, attention_mask=mask, decoder_input_ids=ids).logits
     model.set_attn_implementation("recording")
@@ -452,7 +445,7 @@ def test_attention_backend_kwargs_reach_the_attention_function():
 def test_decoding_steps_read_no_id_values_on_an_accelerator(monkeypatch):
     """Reading the id range costs a device sync on a GPU; during generate it happens where the ids enter (the source
     and the first decoder step), never once per generated token. CPU stands in for an accelerator here."""
-    model = make_model()
+    model = tiny_model()
     ids, mask = source_batch()
     reads = []
     monkeypatch.setattr(torch, "aminmax", lambda t, *a, _aminmax=torch.aminmax, **k: reads.append(1) or _aminmax(t))
@@ -468,7 +461,7 @@ def test_decoding_steps_read_no_id_values_on_an_accelerator(monkeypatch):
 
 
 def test_outputs_tuples_embeddings_and_resizing():
-    model = make_model("eager")
+    model = tiny_model("eager")
     ids, mask = source_batch()
     out = model(
         input_ids=ids, attention_mask=mask, decoder_input_ids=ids, output_attentions=True, output_hidden_states=True
@@ -524,7 +517,7 @@ def test_tuple_output_holds_the_dict_outputs_in_order(model_class):
 
 def test_output_attentions_with_sdpa_warns_and_returns_no_weights():
     """As Marian and BART: not an error but transformers' one-time sdpa warning, no weights, the same logits."""
-    model = make_model("sdpa")
+    model = tiny_model("sdpa")
     ids, mask = source_batch()
     logger = hf_logging.get_logger("transformers.integrations.sdpa_attention")
     logging.Logger.warning_once.cache_clear()  # warned at most once per process: forget earlier tests' warnings
@@ -536,7 +529,7 @@ def test_output_attentions_with_sdpa_warns_and_returns_no_weights():
 
 
 def test_gradient_checkpointing_gives_the_same_gradients():
-    model = make_model()
+    model = tiny_model()
     model.train()
     ids, mask = source_batch()
     labels = torch.randint(3, 64, (3, 5))
@@ -555,7 +548,7 @@ def test_gradient_checkpointing_gives_the_same_gradients():
 
 
 def test_loss_is_cross_entropy_over_shifted_labels_ignoring_minus_100():
-    model = make_model()
+    model = tiny_model()
     ids, mask = source_batch()
     labels = torch.randint(3, 64, (3, 5))
     labels[1, 3:] = -100
@@ -571,7 +564,7 @@ def test_loss_is_cross_entropy_over_shifted_labels_ignoring_minus_100():
 
 def test_gradient_accumulation_matches_one_big_batch():
     """Trainer passes num_items_in_batch; the summed micro-batch losses then equal the big batch's mean loss."""
-    model = make_model()
+    model = tiny_model()
     ids, mask = source_batch(4)
     labels = torch.randint(3, 64, (4, 6))
     labels[0, 2:] = -100  # unequal numbers of labelled tokens per example
@@ -591,7 +584,7 @@ def test_gradient_accumulation_matches_one_big_batch():
 
 
 def test_device_map_auto_loads(tmp_path):
-    make_model().save_pretrained(tmp_path)
+    tiny_model().save_pretrained(tmp_path)
     model = AutoModelForSeq2SeqLM.from_pretrained(tmp_path, device_map="auto")
     assert model.device.type == "cpu"
     assert model.lm_head.weight is model.model.shared.weight

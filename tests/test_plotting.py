@@ -50,6 +50,7 @@ def model_dir(tmp_path_factory):
     return str(path)
 
 
+@pytest.mark.slow
 def test_plot_attention_script_writes_readable_pngs(model_dir, tmp_path):
     out = tmp_path / "plots"
     paths = load_script("plot_attention").main(

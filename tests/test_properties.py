@@ -2,7 +2,7 @@
 padding invariance, cache equals no cache, eager equals sdpa. All in fp32, models in eval mode."""
 
 import torch
-from conftest import decode_one_token_at_a_time, tiny_config
+from conftest import decode_one_token_at_a_time, tiny_model
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -17,7 +17,7 @@ SETTINGS = settings(max_examples=15, deadline=None, suppress_health_check=[Healt
 def models(draw, attn_implementation: str | None = None) -> VanillaTransformerForConditionalGeneration:
     d_model = draw(st.sampled_from([16, 32]))
     heads = st.sampled_from([h for h in (1, 2, 4, 8) if d_model % h == 0])
-    config = tiny_config(
+    fields = dict(
         vocab_size=VOCAB,
         d_model=d_model,
         encoder_layers=draw(st.integers(1, 2)),
@@ -30,10 +30,10 @@ def models(draw, attn_implementation: str | None = None) -> VanillaTransformerFo
         position_embedding_type=draw(st.sampled_from(["sinusoidal", "learned"])),
         max_position_embeddings=16,
     )
-    torch.manual_seed(draw(st.integers(0, 2**16)))
-    model = VanillaTransformerForConditionalGeneration(config)
-    model.set_attn_implementation(attn_implementation or draw(st.sampled_from(["eager", "sdpa"])))
-    return model.eval()
+    seed = draw(st.integers(0, 2**16))
+    attn_implementation = attn_implementation or draw(st.sampled_from(["eager", "sdpa"]))
+    torch.manual_seed(seed)
+    return tiny_model(attn_implementation, **fields)
 
 
 @st.composite

@@ -110,6 +110,7 @@ def weights(folder: Path) -> dict[str, torch.Tensor]:
     return safetensors.torch.load_file(folder / "model.safetensors")
 
 
+@pytest.mark.slow
 def test_killed_training_resumes_to_the_same_weights(tmp_path):
     out, reference = tmp_path / "interrupted", tmp_path / "reference"
     args = [*TRAIN_ARGS, "--output_dir", str(out)]

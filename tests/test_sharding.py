@@ -119,6 +119,7 @@ def assert_same_weights(saved: dict, expected: dict, atol: float = 0.0) -> None:
             torch.testing.assert_close(tensor, expected[name], rtol=0.0, atol=atol, msg=name)
 
 
+@pytest.mark.distributed
 def test_fsdp_run_says_it_is_sharded_and_saves_a_normal_checkpoint(fsdp_run):
     out, stdout, gathered = fsdp_run
     # the start-up summary, read from Accelerate's state after set-up, and what FSDP made of the model
@@ -174,6 +175,7 @@ print(json.dumps({
 """
 
 
+@pytest.mark.distributed
 def test_fsdp_checkpoint_loads_without_the_package_and_without_fsdp(fsdp_run, fresh_python, tmp_path):  # noqa: F811
     out, _, gathered = fsdp_run
     script = tmp_path / "load.py"
@@ -198,6 +200,7 @@ def test_fsdp_checkpoint_loads_without_the_package_and_without_fsdp(fsdp_run, fr
         assert torch.equal(loaded[name], gathered[name]), name
 
 
+@pytest.mark.distributed
 def test_fsdp_matches_a_single_process_run_with_the_same_global_batch(fsdp_run, tmp_path, tokenizer, capsys):
     out, _, gathered = fsdp_run
     args = train_args(tmp_path / "single", tokenizer)
@@ -213,6 +216,7 @@ def test_fsdp_matches_a_single_process_run_with_the_same_global_batch(fsdp_run, 
     assert_same_weights(single, gathered, atol=1e-3)
 
 
+@pytest.mark.distributed
 def test_fsdp_resumed_run_ends_with_the_weights_of_an_uninterrupted_one(fsdp_run, tmp_path, tokenizer):
     out, _, gathered = fsdp_run
     args = train_args(tmp_path / "out", tokenizer)
@@ -228,6 +232,7 @@ def test_fsdp_resumed_run_ends_with_the_weights_of_an_uninterrupted_one(fsdp_run
     assert_same_weights(final, gathered)
 
 
+@pytest.mark.distributed
 def test_gradient_checkpointing_and_rank0_loading_under_fsdp_with_transformers_flags(fsdp_run, tmp_path, tokenizer):
     out, _, gathered = fsdp_run
     args = train_args(tmp_path / "out", tokenizer) + [*TRANSFORMERS_FSDP, "--gradient_checkpointing", "true"]

@@ -83,6 +83,7 @@ def test_a_mismatched_tokenizer_is_refused(saved_tokenizer):
         train_tokenizer(CORPUS, vocab_size=100)
 
 
+@pytest.mark.slow
 def test_train_tokenizer_script(tmp_path):
     data = tmp_path / "train.jsonl"
     rows = demo_corpus()["train"]["translation"][:300]

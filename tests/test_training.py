@@ -259,6 +259,7 @@ def test_the_trainer_follows_the_papers_recipe(tmp_path, demo_tokenizer):
 # --------------------------------------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_train_translate_average_end_to_end(tmp_path):
     out = tmp_path / "run"
     args = ["--output_dir", str(out), "--max_train_samples", "64", "--max_eval_samples", "8"]
@@ -317,6 +318,7 @@ def test_train_translate_average_end_to_end(tmp_path):
     assert AutoTokenizer.from_pretrained(str(averaged_dir)).get_vocab() == tokenizer.get_vocab()
 
 
+@pytest.mark.slow
 def test_train_with_token_based_batches(tmp_path):
     """--max_tokens_per_batch swaps sentence batches for token-bounded ones (tests/test_batching.py covers the
     sampler); 64 short pairs in batches of at most 48 padded tokens per side need more than 64/16 = 4 steps."""
@@ -580,6 +582,7 @@ train_script.main(sys.argv[3:], callbacks=[Watch(sys.argv[2])])
 '''
 
 
+@pytest.mark.distributed
 def test_accelerate_launch_two_processes_on_cpu(tmp_path):
     launcher, watch = tmp_path / "launcher.py", tmp_path / "watch"
     launcher.write_text(LAUNCHER)
@@ -612,6 +615,7 @@ def test_accelerate_launch_two_processes_on_cpu(tmp_path):
 # --------------------------------------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_wrong_path_is_one_line_before_training(tmp_path):
     missing = str(tmp_path / "missing.jsonl")
     result = run_script(
