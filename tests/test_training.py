@@ -456,7 +456,9 @@ runpy.run_path(sys.argv[0], run_name="__main__")
 """
 
 
-@pytest.mark.parametrize("processes", [1, 2])
+@pytest.mark.parametrize(
+    "processes", [pytest.param(1, marks=pytest.mark.slow), pytest.param(2, marks=pytest.mark.distributed)]
+)
 def test_the_whole_test_file_is_translated_and_scored(tmp_path, demo_tokenizer, processes):
     """train.py --do_predict on a test file with a line longer than the model's 16 learned positions (and than
     --max_source_length), an empty source and sentences of mixed length: every line gets its prediction, in the
