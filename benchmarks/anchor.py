@@ -48,21 +48,11 @@ from transformers import (  # noqa: E402
 )
 
 from vanilla_transformer import VanillaTransformerConfig, VanillaTransformerForConditionalGeneration  # noqa: E402
-from vanilla_transformer.training.presets import apply_config_overrides  # noqa: E402
+from vanilla_transformer.training.presets import PRESETS, apply_config_overrides  # noqa: E402
 from vanilla_transformer.training.tokenizer import train_tokenizer  # noqa: E402
 
-# the same field names in MarianConfig and VanillaTransformerConfig
-SIZE = {
-    "d_model": 256,
-    "encoder_layers": 3,
-    "decoder_layers": 3,
-    "encoder_attention_heads": 4,
-    "decoder_attention_heads": 4,
-    "encoder_ffn_dim": 1024,
-    "decoder_ffn_dim": 1024,
-    "dropout": 0.1,
-    "max_position_embeddings": 512,
-}
+# the size of train.py's `compact` preset (the same field names in MarianConfig and VanillaTransformerConfig)
+SIZE = {**PRESETS["compact"]["config"], "max_position_embeddings": 512}
 
 
 def build_model(kind: str, vocab_size: int, overrides: str | None = None) -> torch.nn.Module:
