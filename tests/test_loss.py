@@ -170,7 +170,7 @@ def test_model_skip_logits_gives_the_same_loss_without_logits():
     results = []
     for skip_logits in (False, True):
         model.zero_grad()
-        out = model(input_ids=ids, labels=labels, label_smoothing=0.1, skip_logits=skip_logits)
+        out = model(input_ids=ids, labels=labels, smoothing=0.1, skip_logits=skip_logits)
         out.loss.backward()
         results.append((out, [p.grad.clone() for p in model.parameters()]))
     (full, full_grads), (skipped, skipped_grads) = results
@@ -183,13 +183,13 @@ def test_model_skip_logits_gives_the_same_loss_without_logits():
     # a hook (or an adapter) on lm_head would be bypassed by the fused loss: lm_head then runs as usual
     calls = []
     model.lm_head.register_forward_hook(lambda *args: calls.append(1))
-    hooked = model(input_ids=ids, labels=labels, label_smoothing=0.1, skip_logits=True)
+    hooked = model(input_ids=ids, labels=labels, smoothing=0.1, skip_logits=True)
     assert calls == [1] and hooked.logits is not None
     torch.testing.assert_close(hooked.loss, full.loss, rtol=1e-6, atol=0)
 
 
 def test_model_loss_is_label_smoothed_and_accumulates_exactly():
-    """The model's label_smoothing equals LabelSmoother on its logits; with Trainer's num_items_in_batch the summed
+    """The model's smoothing equals LabelSmoother on its logits; with Trainer's num_items_in_batch the summed
     micro-batch gradients equal the whole batch's."""
     model = tiny_model().train()
     ids = torch.randint(3, 64, (4, 6))
@@ -197,17 +197,17 @@ def test_model_loss_is_label_smoothed_and_accumulates_exactly():
     labels[0, 2:] = -100  # unequal numbers of labelled tokens per example
     total = int((labels != -100).sum())
     torch.manual_seed(0)
-    out = model(input_ids=ids, labels=labels, label_smoothing=0.1, num_items_in_batch=total)
+    out = model(input_ids=ids, labels=labels, smoothing=0.1, num_items_in_batch=total)
     expected = LabelSmoother(epsilon=0.1)(out, labels, num_items_in_batch=total)
     torch.testing.assert_close(out.loss, expected, rtol=1e-6, atol=0)
 
     model.eval()  # no dropout, so that micro-batches see the same network
-    model(input_ids=ids, labels=labels, label_smoothing=0.1, num_items_in_batch=total).loss.backward()
+    model(input_ids=ids, labels=labels, smoothing=0.1, num_items_in_batch=total).loss.backward()
     whole = [p.grad.clone() for p in model.parameters()]
     model.zero_grad()
     for row in range(4):
         rows = slice(row, row + 1)
-        model(input_ids=ids[rows], labels=labels[rows], label_smoothing=0.1, num_items_in_batch=total).loss.backward()
+        model(input_ids=ids[rows], labels=labels[rows], smoothing=0.1, num_items_in_batch=total).loss.backward()
     for a, b in zip(whole, [p.grad for p in model.parameters()]):
         torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-5)
 
@@ -252,7 +252,7 @@ def test_project_trainer_hands_label_smoothing_to_the_model(tmp_path, monkeypatc
     model_kwargs = record_forward_kwargs(monkeypatch, model)
     loss, grads, trainer = step(TranslationTrainer)
     assert calls == [] and trainer.label_smoother.epsilon == 0.1  # still there for evaluation with generation
-    assert model_kwargs[-1]["label_smoothing"] == 0.1 and model_kwargs[-1]["skip_logits"] is True
+    assert model_kwargs[-1]["smoothing"] == 0.1 and model_kwargs[-1]["skip_logits"] is True
     torch.testing.assert_close(loss, expected, rtol=1e-6, atol=0)
     for a, b in zip(grads, expected_grads):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-7)
@@ -267,7 +267,36 @@ def test_project_trainer_skips_the_logits_in_training_only(tmp_path, monkeypatch
     model_kwargs = record_forward_kwargs(monkeypatch, model)
     trainer = TranslationTrainer(model=model, args=args)
     loss = trainer.compute_loss(model, dict(batch))
-    assert model_kwargs[-1]["skip_logits"] is True and "label_smoothing" not in model_kwargs[-1]
+    assert model_kwargs[-1]["skip_logits"] is True and "smoothing" not in model_kwargs[-1]
     torch.testing.assert_close(loss, Seq2SeqTrainer(model=model, args=args).compute_loss(model, dict(batch)))
     loss, outputs = trainer.compute_loss(model, dict(batch), return_outputs=True)
     assert "skip_logits" not in model_kwargs[-1] and outputs.logits.shape == (2, 4, 64)
+
+
+def test_a_stock_trainer_evaluates_our_model_with_its_loss_and_labels(tmp_path, one_thread):
+    """Trainer takes every argument of ``forward`` with "label" in its name for a label input (``find_labels``) and
+    computes an evaluation loss only when all of them are in the batch: ours has ``labels`` alone, so a stock
+    Seq2SeqTrainer without generation reports ``eval_loss`` and hands the labels to ``compute_metrics``."""
+    from conftest import word_tokenizer
+    from datasets import Dataset
+    from transformers import DataCollatorForSeq2Seq
+
+    model = tiny_model(dropout=0.0)
+    tokenizer = word_tokenizer(["a", "b", "c", "d", "e"])
+    rows = [{"input_ids": [5, 6, 7, 2], "labels": [8, 2]}, {"input_ids": [6, 2], "labels": [5, 6, 7, 8, 2]}] * 3
+    args = Seq2SeqTrainingArguments(output_dir=str(tmp_path), report_to=[], use_cpu=True, per_device_eval_batch_size=4)
+    seen = []
+    trainer = Seq2SeqTrainer(
+        model=model,
+        args=args,
+        eval_dataset=Dataset.from_list(rows),
+        data_collator=DataCollatorForSeq2Seq(tokenizer, model=model),
+        compute_metrics=lambda prediction: seen.append(prediction.label_ids) or {},
+    )
+    assert trainer.label_names == ["labels"]
+    metrics = trainer.evaluate()
+    batch = DataCollatorForSeq2Seq(tokenizer, model=model)(rows)
+    with torch.no_grad():
+        expected = model(**batch).loss
+    torch.testing.assert_close(metrics["eval_loss"], expected.item(), rtol=1e-4, atol=0)
+    assert seen[0].shape[0] == len(rows) and (seen[0][0, :2] == [8, 2]).all()

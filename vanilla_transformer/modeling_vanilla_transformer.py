@@ -566,7 +566,7 @@ class VanillaTransformerModel(VanillaTransformerPreTrainedModel):
 
 class VanillaTransformerForConditionalGeneration(VanillaTransformerPreTrainedModel, GenerationMixin):
     """The Transformer with its pre-softmax linear projection (§3.4) for translation; returns logits, not
-    probabilities. With ``labels`` it returns the mean token cross-entropy, label-smoothed by ``label_smoothing``
+    probabilities. With ``labels`` it returns the mean token cross-entropy, label-smoothed by ``smoothing``
     (§5.4; positions labelled -100 are ignored)."""
 
     def __init__(self, config: VanillaTransformerConfig):
@@ -614,13 +614,15 @@ class VanillaTransformerForConditionalGeneration(VanillaTransformerPreTrainedMod
         labels: torch.LongTensor | None = None,
         use_cache: bool | None = None,
         num_items_in_batch: int | torch.Tensor | None = None,
-        label_smoothing: float = 0.0,
+        smoothing: float = 0.0,
         skip_logits: bool = False,
         **kwargs: Unpack[TransformersKwargs],
     ) -> Seq2SeqLMOutput:
         r"""num_items_in_batch: the number of labelled tokens in the whole (accumulated) batch, passed by Trainer, so
         that the loss summed over micro-batches is the mean over that batch whatever the accumulation.
-        label_smoothing: ε_ls of the loss (§5.4; the project's trainer passes ``label_smoothing_factor`` here).
+        smoothing: label smoothing ε_ls of the loss (§5.4; the project's trainer passes ``label_smoothing_factor``
+        here). Not named ``label_…``: Trainer takes every ``forward`` argument with "label" in its name for a label
+        input, and would then compute no evaluation loss.
         skip_logits: only the loss is needed: it is then computed without making the logits (``logits=None``), which
         saves their memory and time (the project's trainer asks for this in training steps)."""
         if skip_logits and labels is None:
@@ -646,11 +648,11 @@ class VanillaTransformerForConditionalGeneration(VanillaTransformerPreTrainedMod
         # the fused loss reads lm_head's weight: not with an adapter or a hook on lm_head, which it would bypass
         plain_head = type(head) is nn.Linear and not (head._forward_hooks or head._forward_pre_hooks)
         if skip_logits and plain_head:
-            loss = linear_cross_entropy(hidden, head.weight, labels, label_smoothing, num_items_in_batch)
+            loss = linear_cross_entropy(hidden, head.weight, labels, smoothing, num_items_in_batch)
         else:
             logits = head(hidden)  # (batch, tgt_len, target vocab)
             if labels is not None:
-                loss = token_cross_entropy(logits, labels, label_smoothing, num_items_in_batch)
+                loss = token_cross_entropy(logits, labels, smoothing, num_items_in_batch)
         # the model's outputs (cache, hidden states, attentions), with the logits in place of the last hidden state
         others = {name: value for name, value in outputs.items() if name != "last_hidden_state"}
         return Seq2SeqLMOutput(loss=loss, logits=logits, **others)

@@ -154,7 +154,7 @@ class TranslationTrainer(TokenBatchingSeq2SeqTrainer):
     parallelism), and label smoothing computed by the model. The underscore methods it overrides each call a
     workaround for a limit of transformers or PyTorch (`workarounds`).
 
-    With ``label_smoothing_factor``, a model whose ``forward`` takes ``label_smoothing`` (ours) computes the smoothed
+    With ``label_smoothing_factor``, a model whose ``forward`` takes ``smoothing`` (ours) computes the smoothed
     training loss itself, with the same value as Trainer's ``LabelSmoother`` (which needs a log-softmax of the logits'
     size and its backward), and in training steps a model that takes ``skip_logits`` returns that loss without making
     the logits at all. (Evaluation keeps the logits; with generation it keeps ``LabelSmoother``: it has no backward.)
@@ -254,8 +254,8 @@ class TranslationTrainer(TokenBatchingSeq2SeqTrainer):
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         forward = inspect.signature(self.accelerator.unwrap_model(model).forward).parameters
         smoother, extra = self.label_smoother, {}
-        if smoother is not None and "label_smoothing" in forward:
-            extra["label_smoothing"] = smoother.epsilon
+        if smoother is not None and "smoothing" in forward:
+            extra["smoothing"] = smoother.epsilon
         if not return_outputs and "skip_logits" in forward and (smoother is None or extra):
             extra["skip_logits"] = True  # a training step: only the loss is used
         if not extra or "labels" not in inputs or self.compute_loss_func is not None:
