@@ -55,21 +55,29 @@ from vanilla_transformer.training.tokenizer import train_tokenizer  # noqa: E402
 SIZE = {**PRESETS["compact"]["config"], "max_position_embeddings": 512}
 
 
+def marian_config(
+    vocab_size: int, size: dict, pad: int = 0, eos: int = 2, decoder_start: int = 0, **extra
+) -> MarianConfig:
+    """OPUS-MT's architecture (swish, scaled embeddings, sinusoidal positions, init std 0.02) at ``size``; OPUS-MT
+    starts the decoder from pad (``decoder_start`` = ``pad``)."""
+    return MarianConfig(
+        vocab_size=vocab_size,
+        decoder_vocab_size=vocab_size,
+        **size,
+        activation_function="swish",
+        scale_embedding=True,
+        pad_token_id=pad,
+        eos_token_id=eos,
+        decoder_start_token_id=decoder_start,
+        forced_eos_token_id=eos,
+        **extra,
+    )
+
+
 def build_model(kind: str, vocab_size: int, overrides: str | None = None) -> torch.nn.Module:
     """MarianMTModel (OPUS-MT's architecture) or this project's model, at the anchor's size, with fresh weights."""
     if kind == "marian":
-        config = MarianConfig(
-            vocab_size=vocab_size,
-            decoder_vocab_size=vocab_size,
-            **SIZE,
-            activation_function="swish",
-            scale_embedding=True,
-            pad_token_id=0,
-            eos_token_id=2,
-            decoder_start_token_id=0,  # OPUS-MT starts the decoder from pad
-            forced_eos_token_id=2,
-        )
-        return MarianMTModel(config)
+        return MarianMTModel(marian_config(vocab_size, SIZE))
     # ReLU, scaled embeddings and the bos start token are our defaults (the paper's)
     config = apply_config_overrides(VanillaTransformerConfig(vocab_size=vocab_size, **SIZE), overrides)
     return VanillaTransformerForConditionalGeneration(config)

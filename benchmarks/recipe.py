@@ -1,6 +1,6 @@
 #!/usr/bin/env python
 """The project's recipe on a parallel corpus: `scripts/train.py` with its defaults, timed like the anchor, compared with
-the anchor's test translations by a paired bootstrap.
+the anchor's test translations by a paired bootstrap. `--model marian` trains MarianMTModel in the same recipe.
 
     python benchmarks/build_mo_corpus.py --output_dir data/en-fr
     OMP_NUM_THREADS=1 python benchmarks/anchor.py --data_dir data/en-fr --output_dir outputs/anchor-marian
@@ -25,6 +25,7 @@ from common import corpus_files, report  # noqa: E402
 from compare import format_comparison, paired_bootstrap, read_lines  # noqa: E402
 
 TRAIN = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "scripts", "train.py")
+MARIAN_TRAIN = os.path.join(os.path.dirname(os.path.abspath(__file__)), "marian_train.py")
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -39,10 +40,17 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--source_lang", default="en")
     parser.add_argument("--target_lang", default="fr")
     parser.add_argument("--name", default=None, help="The recipe's name in the result line.")
+    parser.add_argument(
+        "--model",
+        choices=("vanilla", "marian"),
+        default="vanilla",
+        help="marian: the same recipe training MarianMTModel at the same size (marian_train.py).",
+    )
     args = parser.parse_args(own)
 
     files = corpus_files(args.data_dir)
-    command = [sys.executable, TRAIN, "--train_file", files["train"], "--validation_file", files["validation"]]
+    script = MARIAN_TRAIN if args.model == "marian" else TRAIN
+    command = [sys.executable, script, "--train_file", files["train"], "--validation_file", files["validation"]]
     command += ["--test_file", files["test"], "--source_lang", args.source_lang, "--target_lang", args.target_lang]
     command += ["--output_dir", args.output_dir, "--max_train_minutes", str(args.max_train_minutes)]
     command += extra
@@ -59,6 +67,7 @@ def main(argv: list[str] | None = None) -> dict:
     hypotheses = read_lines(os.path.join(args.output_dir, "generated_predictions.txt"))
     result = {
         "recipe": args.name or os.path.basename(os.path.normpath(args.output_dir)),
+        "model": args.model,
         "seed": int(extra[extra.index("--seed") + 1]) if "--seed" in extra else 42,  # train.py's default seed
         "steps": steps,
         "train_minutes": round(metrics["train_runtime"] / 60, 2),

@@ -23,6 +23,7 @@ BENCHMARKS = {
     "end_to_end": "train.py against transformers' run_translation.py + MarianMTModel, end to end",
     "anchor": "MarianMTModel trained by a run_translation.py-style Seq2SeqTrainer run on a parallel corpus",
     "recipe": "train.py's defaults on a parallel corpus, timed like the anchor and compared with it",
+    "marian_train": "train.py's recipe training MarianMTModel at the same size (what the recipe gives, not the model)",
     "compare": "a paired bootstrap between two systems' test translations",
     "ctranslate2_speed": "translation throughput and memory: CTranslate2 against generate()",
     "ctranslate2_quality": "the CTranslate2 export's test translations against generate()'s",

@@ -1,0 +1,70 @@
+#!/usr/bin/env python
+"""train.py with transformers' MarianMTModel in place of this project's model: Marian in the project's recipe.
+
+Everything but the model is train.py's (its flags, defaults, tokenizer, token batches, time budget, schedule,
+evaluation); the model is OPUS-MT's architecture (`anchor.marian_config`: swish, scaled embeddings, sinusoidal
+positions, init std 0.02) at the size of train.py's preset (`--preset`, default compact), started from the tokenizer's
+bos as train.py requires (OPUS-MT starts from pad). MarianMTModel's `forward` takes no `smoothing`, so the
+trainer smooths its logits with Trainer's `LabelSmoother`, the same loss as ours computed the stock way. Set against
+`recipe.py`'s run of train.py at the same size, seed and CPU time, it separates what the recipe gives from what the
+model gives:
+
+    OMP_NUM_THREADS=1 python benchmarks/run.py recipe --model marian --data_dir data/en-fr \
+        --output_dir outputs/marian-recipe --max_train_minutes 6 -- --seed 42 --threads 1
+
+`--config_name` and `--config_overrides` (fields of our config) are refused; `--model_name_or_path` is train.py's.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from anchor import marian_config  # noqa: E402
+from transformers import MarianMTModel  # noqa: E402
+
+from vanilla_transformer.training.presets import PRESETS  # noqa: E402
+
+TRAIN = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "scripts", "train.py")
+
+
+def load_train_script():
+    """scripts/train.py as a module (it is a script, not part of the package)."""
+    spec = importlib.util.spec_from_file_location("vanilla_transformer_train_script", TRAIN)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+def main(argv: list[str] | None = None) -> dict:
+    train = load_train_script()
+    build_ours = train.build_model
+
+    def build_marian(model_args, tokenizer, tokenizer_source):
+        if model_args.model_name_or_path is not None:
+            return build_ours(model_args, tokenizer, tokenizer_source)
+        if model_args.config_name or model_args.config_overrides:
+            raise train.DataError("marian_train: --config_name/--config_overrides set our config's fields")
+        size = {**PRESETS[model_args.preset]["config"], "max_position_embeddings": 512}
+        config = marian_config(
+            len(tokenizer),
+            size,
+            pad=tokenizer.pad_token_id,
+            eos=tokenizer.eos_token_id,
+            decoder_start=tokenizer.bos_token_id,  # train.py's check: the decoder starts from bos
+            bos_token_id=tokenizer.bos_token_id,
+        )
+        model = MarianMTModel(config)
+        train.check_tokenizer_matches_config(tokenizer, model.config, tokenizer_source)
+        return model
+
+    train.build_model = build_marian
+    return train.main(argv)
+
+
+if __name__ == "__main__":
+    main()
