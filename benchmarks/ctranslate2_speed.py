@@ -12,6 +12,8 @@ For each model size (benchmarks/speed.py's: small = d_model 256, 3+3 layers; bas
   vanilla      transformers' generate() of this project's model
   ct2_float32  CTranslate2, the same model exported with float32 weights
   ct2_int8     CTranslate2, int8 weights
+  marian_ct2_int8  the Marian model through CTranslate2's own converter (`ct2-transformers-converter`'s
+               TransformersConverter), int8 weights: what a Marian user deploys
 
 Weights are random (the same for vanilla and its exports), so every translation is forced to a fixed length: as many
 tokens as the longest source in its batch (min = max new tokens), the same work for every engine; tokens/s counts
@@ -44,7 +46,8 @@ from speed import SIZES, model_configs  # noqa: E402
 from vanilla_transformer import VanillaTransformerForConditionalGeneration  # noqa: E402
 from vanilla_transformer.inference.ctranslate2 import export_ctranslate2, require_ctranslate2  # noqa: E402
 
-ENGINES = ("marian", "vanilla", "ct2_float32", "ct2_int8")
+ENGINES = ("marian", "vanilla", "ct2_float32", "ct2_int8", "marian_ct2_int8")
+CT2_ENGINES = ("ct2_float32", "ct2_int8", "marian_ct2_int8")  # CTranslate2 model folders
 # Targets of d_model 256 / 3+3 layers, beam 4, batches of 16, one thread: at least (tokens/s), at most (memory)
 TARGETS = {"ct2_int8": 3.0, "ct2_float32": 2.0, "memory": 0.5}
 
@@ -129,7 +132,8 @@ def ctranslate2_engine(translator, tokenizer, num_beams: int) -> Callable[[list[
 
 
 def build_models(size: str, tokenizer, folder: str, seed: int) -> dict[str, str | torch.nn.Module]:
-    """The two transformers models (random weights, seeded) and the CTranslate2 folders of the vanilla one."""
+    """The two transformers models (random weights, seeded), the CTranslate2 folders of the vanilla one, and the
+    Marian one converted by CTranslate2's TransformersConverter (int8)."""
     configs = model_configs(size)
     torch.manual_seed(seed)
     vanilla = VanillaTransformerForConditionalGeneration(configs["vanilla"]).eval()
@@ -142,11 +146,22 @@ def build_models(size: str, tokenizer, folder: str, seed: int) -> dict[str, str 
         f"ct2_{q}": export_ctranslate2(model_dir, os.path.join(folder, f"{size}-{q}"), quantization=q, force=True)
         for q in ("float32", "int8")
     }
+    marian_dir = os.path.join(folder, f"{size}-marian")
+    marian.save_pretrained(marian_dir)
+    # CTranslate2's Marian loader expects OPUS-MT's layout: one embedding row per token plus a last one, OPUS-MT's
+    # <pad>, which it drops (its decoder starts from a zero embedding). This tokenizer has pad at 0, so the converted
+    # copy gets one row more than the tokenizer's tokens; the same weights otherwise
+    for_converter = MarianMTModel.from_pretrained(marian_dir)
+    for_converter.resize_token_embeddings(len(tokenizer) + 1)
+    for_converter.save_pretrained(marian_dir)
+    tokenizer.save_pretrained(marian_dir)
+    converter = require_ctranslate2().converters.TransformersConverter(marian_dir)
+    exports["marian_ct2_int8"] = converter.convert(os.path.join(folder, f"{size}-marian-int8"), quantization="int8")
     return {"marian": marian, "vanilla": vanilla, **exports}
 
 
 def make_engine(name: str, model, tokenizer, num_beams: int, threads: int):
-    if name.startswith("ct2_"):
+    if name in CT2_ENGINES:
         ctranslate2 = require_ctranslate2()
         translator = ctranslate2.Translator(model, device="cpu", intra_threads=threads, inter_threads=1)
         return ctranslate2_engine(translator, tokenizer, num_beams)
@@ -222,7 +237,7 @@ def memory_child(arguments: str) -> None:
     with open("/proc/self/clear_refs", "w") as clear_refs:
         clear_refs.write("5")  # resets the high-water mark VmHWM to the current resident size (Linux 4.0+)
     name, size = arguments["engine"], arguments["size"]
-    if name.startswith("ct2_"):
+    if name in CT2_ENGINES:
         model = arguments["folder"]
     else:
         torch.manual_seed(0)
@@ -245,7 +260,7 @@ def measure_memory(size: str, models: dict, sentences: list[str], settings: Sett
         arguments = {
             "engine": name,
             "size": size,
-            "folder": models[name] if name.startswith("ct2_") else None,
+            "folder": models[name] if name in CT2_ENGINES else None,
             "tokenizer_dir": settings.tokenizer_dir,
             "sentences": longest,
             "num_beams": 4,
