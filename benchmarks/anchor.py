@@ -2,9 +2,10 @@
 """The anchor recipe: transformers' MarianMTModel trained the way a transformers user would, on a parallel corpus.
 
 A `run_translation.py`-style `Seq2SeqTrainer` run with OPUS-MT's architecture at d_model 256 (3+3 layers, 4 heads,
-FFN 1024, swish, decoder start = pad, scaled embeddings), MarianConfig's default init (std 0.02), dropout 0.1, a joint
-8k byte-level BPE vocabulary, AdamW (0.9, 0.98), lr 1e-3, 400 warmup steps then linear decay, label smoothing 0.1,
-batch 16 pairs, 4,500 steps, gradient clipping 1.0, then beam-4 sacreBLEU on the test split:
+FFN 1024, swish, decoder start = pad, scaled embeddings), MarianConfig's default init (std 0.02), dropout 0.1
+(OPUS-MT's; `--dropout`), a joint 8k byte-level BPE vocabulary, AdamW (0.9, 0.98), lr 1e-3, 400 warmup steps then
+linear decay, label smoothing 0.1, batch 16 pairs, 4,500 steps, gradient clipping 1.0, then beam-4 sacreBLEU on the
+test split:
 
     python benchmarks/build_mo_corpus.py --output_dir data/en-fr
     OMP_NUM_THREADS=1 python benchmarks/anchor.py --data_dir data/en-fr --output_dir outputs/anchor-marian
@@ -51,8 +52,10 @@ from vanilla_transformer import VanillaTransformerConfig, VanillaTransformerForC
 from vanilla_transformer.training.presets import PRESETS, apply_config_overrides  # noqa: E402
 from vanilla_transformer.training.tokenizer import train_tokenizer  # noqa: E402
 
-# the size of train.py's `compact` preset (the same field names in MarianConfig and VanillaTransformerConfig)
-SIZE = {**PRESETS["compact"]["config"], "max_position_embeddings": 512}
+# the size of train.py's `compact` preset (the same field names in MarianConfig and VanillaTransformerConfig); dropout
+# is the recipe's (--dropout: OPUS-MT's 0.1 unless given), not the preset's
+SIZE = {key: value for key, value in PRESETS["compact"]["config"].items() if key != "dropout"}
+SIZE["max_position_embeddings"] = 512
 
 
 def marian_config(
@@ -74,12 +77,14 @@ def marian_config(
     )
 
 
-def build_model(kind: str, vocab_size: int, overrides: str | None = None) -> torch.nn.Module:
-    """MarianMTModel (OPUS-MT's architecture) or this project's model, at the anchor's size, with fresh weights."""
+def build_model(kind: str, vocab_size: int, overrides: str | None = None, dropout: float = 0.1) -> torch.nn.Module:
+    """MarianMTModel (OPUS-MT's architecture) or this project's model, at the anchor's size with `dropout`, with fresh
+    weights."""
     if kind == "marian":
-        return MarianMTModel(marian_config(vocab_size, SIZE))
+        return MarianMTModel(marian_config(vocab_size, SIZE, dropout=dropout))
     # ReLU, scaled embeddings and the bos start token are our defaults (the paper's)
-    config = apply_config_overrides(VanillaTransformerConfig(vocab_size=vocab_size, **SIZE), overrides)
+    config = VanillaTransformerConfig(vocab_size=vocab_size, **SIZE, dropout=dropout)
+    config = apply_config_overrides(config, overrides)
     return VanillaTransformerForConditionalGeneration(config)
 
 
@@ -120,6 +125,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--group_by_length", action="store_true", help="train_sampling_strategy=group_by_length")
     parser.add_argument("--learning_rate", type=float, default=1e-3)
     parser.add_argument("--warmup_steps", type=int, default=400)
+    parser.add_argument("--dropout", type=float, default=0.1, help="P_drop of both models (OPUS-MT's: 0.1)")
     parser.add_argument("--seed", type=int, default=42)
     parser.add_argument("--num_beams", type=int, default=4)
     args = parser.parse_args(argv)
@@ -127,6 +133,8 @@ def main(argv: list[str] | None = None) -> dict:
         parser.error("--config_overrides changes our model's config: use it with --model vanilla")
     if args.max_train_minutes is not None and args.max_train_minutes <= 0:
         parser.error("--max_train_minutes must be positive")
+    if not 0 <= args.dropout < 1:
+        parser.error("--dropout must be in [0, 1)")
     if args.calibration_steps < 12:
         parser.error("--calibration_steps must be at least 12 (the first 10 steps are not timed)")
     try:  # before the tokenizer is trained: a bad override stops the run at once
@@ -149,7 +157,7 @@ def main(argv: list[str] | None = None) -> dict:
 
     def make_trainer(max_steps: int, output_dir: str, callbacks: list | None = None) -> Seq2SeqTrainer:
         torch.manual_seed(args.seed)  # the same initial weights for the calibration and the run
-        model = build_model(args.model, len(tokenizer), args.config_overrides)
+        model = build_model(args.model, len(tokenizer), args.config_overrides, args.dropout)
         training_args = Seq2SeqTrainingArguments(
             output_dir=output_dir,
             max_steps=max_steps,
@@ -201,9 +209,11 @@ def main(argv: list[str] | None = None) -> dict:
     with open(os.path.join(args.output_dir, "test_predictions.txt"), "w") as f:
         f.write("\n".join(hypotheses) + "\n")
     grouping = "-grouped" if args.group_by_length else ""
+    dropout = "" if args.dropout == 0.1 else f"-dropout{args.dropout:g}"
     result = {
-        "recipe": f"anchor-{args.model}{grouping}-bs{args.batch_size}-lr{args.learning_rate:g}",
+        "recipe": f"anchor-{args.model}{grouping}-bs{args.batch_size}-lr{args.learning_rate:g}{dropout}",
         "seed": args.seed,
+        "dropout": args.dropout,
         "steps": trainer.state.global_step,
         "train_sampling_strategy": trainer.args.train_sampling_strategy,
         "seconds_per_step_calibrated": None if seconds_per_step is None else round(seconds_per_step, 4),

@@ -61,3 +61,15 @@ def test_anchor_fits_its_steps_to_the_budget_with_grouping_and_reports_validatio
     assert len(lines) == 12  # one per test line
     with pytest.raises(SystemExit):
         anchor.main([*args, "--max_train_minutes", "0.05", "--calibration_steps", "11"])
+
+
+def test_anchor_dropout_is_the_recipes_not_the_presets(monkeypatch, tmp_path):
+    """Both models get --dropout (OPUS-MT's 0.1 by default), whatever train.py's preset uses."""
+    anchor = load_script("anchor", folder="benchmarks")
+    assert "dropout" not in anchor.SIZE
+    for kind in ("marian", "vanilla"):
+        assert anchor.build_model(kind, 300).config.dropout == 0.1
+        model = anchor.build_model(kind, 300, dropout=0.0)
+        assert model.config.dropout == 0.0 and model.config.d_model == anchor.SIZE["d_model"]
+    with pytest.raises(SystemExit):
+        anchor.main(["--data_dir", str(tmp_path), "--output_dir", str(tmp_path / "run"), "--dropout", "1"])
