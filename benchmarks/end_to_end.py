@@ -15,10 +15,16 @@ script calls `evaluate.load("sacrebleu")`, which then needs no Hub; `evaluate` i
 mean target length in tokens, eos included: both sides draw their batches from the whole corpus), the median of the
 per-round ratios against each Marian side, and each process's peak resident memory (from `wait4`).
 
-Four sides by default (`--sides`), run in turn in each round: `marian` (run_translation.py's defaults: random
+Five sides by default (`--sides`), run in turn in each round: `marian` (run_translation.py's defaults: random
 batches), `marian-grouped` (the same with transformers' stock `--train_sampling_strategy group_by_length`, what a
-knowledgeable user turns on), `vanilla` (train.py as a user runs it) and `vanilla-no-chunks` (`--length_chunks false`:
-what is left of our lead without skipping padding).
+knowledgeable user turns on), `vanilla` (train.py, batches of `--batch_size` pairs), `vanilla-no-chunks`
+(`--length_chunks false`: what is left of our lead without skipping padding), and `vanilla-token-batches` (train.py's
+own batching, as its `compact` default trains: length-grouped batches of at most `--max_tokens_per_batch` padded
+tokens per side). A token batch holds a varying number of pairs, so Trainer's samples/s (steps times the batch size)
+does not describe it: every side also counts the non-padding source tokens it trained on (Trainer's stock
+`include_num_input_tokens_seen="non_padding"`), and source tokens per second over Trainer's train_runtime is the
+figure that compares all five. (With `--run_translation`, whose command line cannot ask for that count, the Marian
+sides' figure is samples/s times the corpus's mean source length, as for target tokens.)
 
     python benchmarks/build_mo_corpus.py --output_dir data/en-fr
     python benchmarks/end_to_end.py --data_dir data/en-fr --size small --max_steps 100 --pairs 2
@@ -41,7 +47,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from speed import SIZES  # noqa: E402  (d_model, layers, heads, FFN of each size)
 
 MAX_LENGTH = 256  # source and target truncation on both sides (train.py's presets)
-SIDES = ("marian", "marian-grouped", "vanilla", "vanilla-no-chunks")
+SIDES = ("marian", "marian-grouped", "vanilla", "vanilla-no-chunks", "vanilla-token-batches")
 # the `evaluate` metric module run_translation.py loads by name (evaluate.load("sacrebleu")), offline: the only use of
 # `evaluate` in the project (the test extra installs it)
 SACREBLEU_METRIC = os.path.join(os.path.dirname(os.path.abspath(__file__)), "metrics", "sacrebleu.py")
@@ -58,6 +64,8 @@ def parse_arguments(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--vocab_size", type=int, default=8000)
     parser.add_argument("--max_steps", type=int, default=100)
     parser.add_argument("--batch_size", type=int, default=32)
+    parser.add_argument("--max_tokens_per_batch", type=int, default=512, help="vanilla-token-batches' batches "
+                        "(train.py's compact default: 512)")  # fmt: skip
     parser.add_argument("--learning_rate", type=float, default=5e-4)
     parser.add_argument("--pairs", type=int, default=2, help="Marian/ours runs, interleaved")
     parser.add_argument("--run_translation", help="transformers' run_translation.py: run it for the Marian side")
@@ -68,7 +76,7 @@ def parse_arguments(argv: list[str] | None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.run_translation and not os.path.isfile(args.run_translation):
         parser.error(f"--run_translation {args.run_translation!r} is not a file")
-    for name in ("max_steps", "batch_size", "pairs", "vocab_size"):
+    for name in ("max_steps", "batch_size", "max_tokens_per_batch", "pairs", "vocab_size"):
         if getattr(args, name) < 1:
             parser.error(f"--{name} must be a positive integer")
     args.sides = [side.strip() for side in args.sides.split(",") if side.strip()]
@@ -129,6 +137,7 @@ def train_marian(args: argparse.Namespace, group_by_length: bool = False) -> Non
         learning_rate=args.learning_rate, label_smoothing_factor=0.1, save_strategy="no", eval_strategy="no",
         report_to=[], seed=args.seed, use_cpu=True, disable_tqdm=True, logging_steps=args.max_steps,
         train_sampling_strategy="group_by_length" if group_by_length else "random",
+        include_num_input_tokens_seen="non_padding",
     )  # fmt: skip
     collator = DataCollatorForSeq2Seq(tokenizer, model=model, label_pad_token_id=-100)
     trainer = Seq2SeqTrainer(
@@ -136,34 +145,51 @@ def train_marian(args: argparse.Namespace, group_by_length: bool = False) -> Non
     )
     metrics = trainer.train().metrics
     trainer.save_metrics("all", metrics)
+    trainer.save_state()
 
 
-def ours_command(args: argparse.Namespace, run_dir: str, length_chunks: bool | None = None) -> list[str]:
-    """train.py with the Marian side's settings; `length_chunks` False/True sets --length_chunks (None: its default)."""
-    chunks = [] if length_chunks is None else ["--length_chunks", str(length_chunks).lower()]
+def ours_command(
+    args: argparse.Namespace, run_dir: str, length_chunks: bool | None = None, token_batches: bool = False
+) -> list[str]:
+    """train.py with the Marian side's settings; `length_chunks` False/True sets --length_chunks (None: its default);
+    `token_batches` replaces the batches of `--batch_size` pairs by train.py's token batches.
+
+    The arguments go to train.py as its one JSON file (`run_dir/args.json`, written here): transformers 5.24's
+    HfArgumentParser reads a `str | bool` field such as `include_num_input_tokens_seen` as a boolean on the command
+    line, so `non_padding` can only be given that way."""
     overrides = ",".join(f"{key}={value}" for key, value in SIZES[args.size].layout().items())
-    return [
-        sys.executable, os.path.join(ROOT, "scripts", "train.py"), "--preset", "base",
-        "--config_overrides", f"{overrides},dropout=0.1,max_position_embeddings={MAX_LENGTH}",
-        "--train_file", os.path.join(args.data_dir, "train.jsonl"), "--source_lang", args.source_lang,
-        "--target_lang", args.target_lang, "--tokenizer_name", os.path.join(args.output_dir, "tokenizer"),
-        "--max_source_length", str(MAX_LENGTH), "--max_target_length", str(MAX_LENGTH),
-        "--do_train", "--output_dir", run_dir, "--max_steps", str(args.max_steps),
-        "--per_device_train_batch_size", str(args.batch_size), "--learning_rate", str(args.learning_rate),
-        "--label_smoothing_factor", "0.1", "--save_strategy", "no", "--eval_strategy", "no", "--seed", str(args.seed),
-        "--threads", "1", "--report_to", "none", "--disable_tqdm", "true", "--logging_steps", str(args.max_steps),
-        *chunks,
-    ]  # fmt: skip
+    values = {
+        "preset": "base", "config_overrides": f"{overrides},dropout=0.1,max_position_embeddings={MAX_LENGTH}",
+        "train_file": os.path.join(args.data_dir, "train.jsonl"), "source_lang": args.source_lang,
+        "target_lang": args.target_lang, "tokenizer_name": os.path.join(args.output_dir, "tokenizer"),
+        "max_source_length": MAX_LENGTH, "max_target_length": MAX_LENGTH, "do_train": True, "output_dir": run_dir,
+        "max_steps": args.max_steps, "per_device_train_batch_size": args.batch_size,
+        "learning_rate": args.learning_rate, "label_smoothing_factor": 0.1, "save_strategy": "no",
+        "eval_strategy": "no", "seed": args.seed, "threads": 1, "report_to": "none", "disable_tqdm": True,
+        "logging_steps": args.max_steps, "include_num_input_tokens_seen": "non_padding",
+    }  # fmt: skip
+    if length_chunks is not None:
+        values["length_chunks"] = length_chunks
+    if token_batches:
+        values["max_tokens_per_batch"] = args.max_tokens_per_batch
+    os.makedirs(run_dir, exist_ok=True)
+    path = os.path.join(run_dir, "args.json")
+    with open(path, "w") as f:
+        json.dump(values, f, indent=1)
+    return [sys.executable, os.path.join(ROOT, "scripts", "train.py"), path]
 
 
-def mean_target_tokens(args: argparse.Namespace, pairs: list[dict]) -> float:
-    """The corpus's mean target length in tokens as both sides train on it (truncated to MAX_LENGTH, eos included)."""
+def mean_target_tokens(args: argparse.Namespace, pairs: list[dict], side: str = "target") -> float:
+    """The corpus's mean target (or, with `side="source"`, source) length in tokens as both sides train on it
+    (truncated to MAX_LENGTH, eos included)."""
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(os.path.join(args.output_dir, "tokenizer"))
-    targets = [pair[args.target_lang] for pair in pairs]
-    ids = tokenizer(text_target=targets, max_length=MAX_LENGTH, truncation=True)["input_ids"]
-    return sum(map(len, ids)) / len(ids)
+    if side == "source":
+        ids = tokenizer([pair[args.source_lang] for pair in pairs], max_length=MAX_LENGTH, truncation=True)
+    else:
+        ids = tokenizer(text_target=[pair[args.target_lang] for pair in pairs], max_length=MAX_LENGTH, truncation=True)
+    return sum(map(len, ids["input_ids"])) / len(ids["input_ids"])
 
 
 def prepare_run_translation(args: argparse.Namespace) -> str:
@@ -203,9 +229,21 @@ def run_translation_command(args: argparse.Namespace, run_dir: str, group_by_len
     ]  # fmt: skip
 
 
+def source_tokens_seen(results_dir: str) -> int | None:
+    """The non-padding source tokens a run trained on: the last `num_input_tokens_seen` in its trainer_state.json
+    (None when it has none: transformers' run_translation.py cannot be asked to count them on its command line)."""
+    path = os.path.join(results_dir, "trainer_state.json")
+    if not os.path.isfile(path):
+        return None
+    with open(path) as f:
+        logs = [entry for entry in json.load(f)["log_history"] if "num_input_tokens_seen" in entry]
+    return logs[-1]["num_input_tokens_seen"] if logs else None
+
+
 def run(command: list[str], run_dir: str, results_dir: str | None = None, cwd: str | None = None) -> dict:
     """Run one training process (from ``cwd``); its samples/s (Trainer's metric, from ``results_dir``, by default
-    ``run_dir``) and peak resident memory."""
+    ``run_dir``), the non-padding source tokens it trained on per second of Trainer's train_runtime (from the
+    trainer state's log), and its peak resident memory."""
     env = dict(os.environ, OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false", HF_HUB_OFFLINE="1")
     start = time.perf_counter()
     with open(os.path.join(run_dir, "log.txt"), "w") as log:
@@ -217,6 +255,7 @@ def run(command: list[str], run_dir: str, results_dir: str | None = None, cwd: s
         metrics = json.load(f)
     return {
         "train_samples_per_second": metrics["train_samples_per_second"],
+        "source_tokens_seen": source_tokens_seen(results_dir or run_dir),
         "train_runtime": metrics["train_runtime"],
         "peak_rss_mib": usage.ru_maxrss / 1024,  # KiB on Linux
         "wall_s": time.perf_counter() - start,
@@ -238,6 +277,7 @@ def main(argv: list[str] | None = None) -> dict:
     texts = (text for pair in pairs for text in (pair[args.source_lang], pair[args.target_lang]))
     train_tokenizer(texts, vocab_size=args.vocab_size).save_pretrained(os.path.join(args.output_dir, "tokenizer"))
     target_tokens = mean_target_tokens(args, pairs)
+    source_tokens = mean_target_tokens(args, pairs, side="source")
     workdir = prepare_run_translation(args) if args.run_translation else None
 
     runs: dict[str, list[dict]] = {side: [] for side in args.sides}
@@ -246,7 +286,9 @@ def main(argv: list[str] | None = None) -> dict:
             run_dir = os.path.join(args.output_dir, f"{side}-{index}")
             os.makedirs(run_dir, exist_ok=True)
             if side.startswith("vanilla"):
-                result = run(ours_command(args, run_dir, False if side == "vanilla-no-chunks" else None), run_dir)
+                chunks = False if side == "vanilla-no-chunks" else None
+                command = ours_command(args, run_dir, chunks, token_batches=side == "vanilla-token-batches")
+                result = run(command, run_dir)
             elif args.run_translation:
                 command = run_translation_command(args, run_dir, group_by_length=side == "marian-grouped")
                 result = run(command, run_dir, os.path.join(run_dir, "output"), cwd=workdir)
@@ -254,15 +296,26 @@ def main(argv: list[str] | None = None) -> dict:
                 command = [sys.executable, os.path.abspath(__file__), *(argv or sys.argv[1:]), "--child", side]
                 result = run(command + ["--run_dir", run_dir], run_dir)
             result["target_tokens_per_second"] = result["train_samples_per_second"] * target_tokens
+            # counted where the run counted them; else from samples/s (batches of --batch_size pairs drawn from the
+            # whole corpus: the corpus's mean length on average)
+            counted = result["source_tokens_seen"]
+            result["source_tokens_counted"] = counted is not None
+            result["source_tokens_per_second"] = (
+                counted / result["train_runtime"]
+                if counted is not None
+                else result["train_samples_per_second"] * source_tokens
+            )
             runs[side].append(result)
             print(f"{side} run {index + 1}/{args.pairs}: {result}", flush=True)
     speed = {side: [r["train_samples_per_second"] for r in rs] for side, rs in runs.items()}
+    source_speed = {side: [r["source_tokens_per_second"] for r in rs] for side, rs in runs.items()}
     memory = {side: [r["peak_rss_mib"] for r in rs] for side, rs in runs.items()}
     ours = [side for side in args.sides if side.startswith("vanilla")]
     theirs = [side for side in args.sides if side.startswith("marian")]
     ratios = {  # per round, then the median: what to read on a shared machine
         f"{a}/{b}": {
             "speed": statistics.median(x / y for x, y in zip(speed[a], speed[b])),
+            "source_tokens": statistics.median(x / y for x, y in zip(source_speed[a], source_speed[b])),
             "memory": statistics.median(x / y for x, y in zip(memory[a], memory[b])),
         }
         for a in ours
@@ -272,10 +325,13 @@ def main(argv: list[str] | None = None) -> dict:
         "size": args.size,
         "max_steps": args.max_steps,
         "batch_size": args.batch_size,
+        "max_tokens_per_batch": args.max_tokens_per_batch,
         "marian_side": args.run_translation or "this file's Seq2SeqTrainer run",
         "mean_target_tokens": round(target_tokens, 2),
+        "mean_source_tokens": round(source_tokens, 2),
         "samples_per_second": {side: statistics.median(values) for side, values in speed.items()},
         "target_tokens_per_second": {side: statistics.median(values) * target_tokens for side, values in speed.items()},
+        "source_tokens_per_second": {side: statistics.median(values) for side, values in source_speed.items()},
         "peak_rss_mib": {side: statistics.median(values) for side, values in memory.items()},
         "ratios": ratios,
         "runs": runs,
@@ -285,11 +341,14 @@ def main(argv: list[str] | None = None) -> dict:
     print(f"result: size={args.size} steps={args.max_steps} batch={args.batch_size}")
     for side in args.sides:
         print(
-            f"  {side:<18} samples/s {result['samples_per_second'][side]:7.2f}  target tokens/s "
-            f"{result['target_tokens_per_second'][side]:8.1f}  peak RSS {result['peak_rss_mib'][side]:6.0f} MiB"
+            f"  {side:<21} samples/s {result['samples_per_second'][side]:7.2f}  source tokens/s "
+            f"{result['source_tokens_per_second'][side]:8.1f}  peak RSS {result['peak_rss_mib'][side]:6.0f} MiB"
         )
     for pair, ratio in ratios.items():
-        print(f"  {pair:<37} speed {ratio['speed']:.2f}x  peak RSS {ratio['memory']:.2f}x")
+        print(
+            f"  {pair:<40} samples/s {ratio['speed']:.2f}x  source tokens/s {ratio['source_tokens']:.2f}x  "
+            f"peak RSS {ratio['memory']:.2f}x"
+        )
     return result
 
 

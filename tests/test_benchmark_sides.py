@@ -1,7 +1,9 @@
-"""The end-to-end benchmark's four sides (benchmarks/end_to_end.py): Marian with and without transformers' stock
-length grouping, train.py with and without length chunks, and the tokens-per-second figure."""
+"""The end-to-end benchmark's five sides (benchmarks/end_to_end.py): Marian with and without transformers' stock
+length grouping, train.py with and without length chunks and with its token batches, and the tokens-per-second
+figures."""
 
 import json
+import os
 
 import pytest
 from conftest import load_script
@@ -17,7 +19,14 @@ def test_each_side_asks_for_its_batching(tmp_path):
     chunks = {None: None, False: False, True: True}
     for given, expected in chunks.items():
         command = end_to_end.ours_command(args, str(tmp_path / "run"), length_chunks=given)
-        assert train.parse_arguments(command[2:])[2].length_chunks is expected
+        parsed = train.parse_arguments(command[2:])[2]
+        assert parsed.length_chunks is expected and parsed.max_tokens_per_batch is None
+        assert parsed.include_num_input_tokens_seen == "non_padding"  # every side counts what it trained on
+    command = end_to_end.ours_command(args, str(tmp_path / "run"), token_batches=True)
+    assert train.parse_arguments(command[2:])[2].max_tokens_per_batch == 512  # train.py's compact default
+    tokens = end_to_end.parse_arguments(["--data_dir", str(tmp_path), "--max_tokens_per_batch", "300"])
+    command = end_to_end.ours_command(tokens, str(tmp_path / "run"), token_batches=True)
+    assert train.parse_arguments(command[2:])[2].max_tokens_per_batch == 300
     for grouped, strategy in ((False, "random"), (True, "group_by_length")):
         command = end_to_end.run_translation_command(args, str(tmp_path / "run"), group_by_length=grouped)
         parsed = HfArgumentParser(Seq2SeqTrainingArguments).parse_args_into_dataclasses(
@@ -40,3 +49,35 @@ def test_tokens_per_second_counts_the_targets_as_trained(tmp_path):
     expected = sum(len(tokenizer(text_target=p["fr"])["input_ids"]) for p in pairs) / len(pairs)
     assert end_to_end.mean_target_tokens(args, json.loads(json.dumps(pairs))) == pytest.approx(expected)
     assert expected > 2  # eos included, and targets of several tokens
+
+
+@pytest.mark.slow
+def test_train_py_counts_the_source_tokens_it_trained_on(tmp_path):
+    """vanilla-token-batches' figure: train.py, given its arguments the way the driver gives them, logs the
+    non-padding source tokens it trained on, and the driver reads them back: over one epoch, every pair's source."""
+    import subprocess
+
+    from vanilla_transformer.training.tokenizer import train_tokenizer
+
+    data, out = tmp_path / "data", tmp_path / "out"
+    data.mkdir()
+    pairs = [{"en": " ".join(["word"] * (1 + i % 9)), "fr": " ".join(["mot"] * (1 + i % 5))} for i in range(60)]
+    (data / "train.jsonl").write_text("".join(json.dumps({"translation": p}) + "\n" for p in pairs))
+    args = end_to_end.parse_arguments(
+        ["--data_dir", str(data), "--output_dir", str(out), "--size", "tiny", "--max_tokens_per_batch", "40"]
+    )
+    tokenizer = train_tokenizer((t for p in pairs for t in p.values()), vocab_size=300)
+    tokenizer.save_pretrained(out / "tokenizer")
+    run_dir = str(out / "run")
+    command = end_to_end.ours_command(args, run_dir, token_batches=True)
+    with open(command[2]) as f:
+        values = json.load(f)
+    del values["max_steps"]  # one epoch instead, so that the count is known
+    values.update(num_train_epochs=1, logging_steps=1)
+    with open(command[2], "w") as f:
+        json.dump(values, f)
+    subprocess.run(command, check=True, capture_output=True, env=dict(os.environ, HF_HUB_OFFLINE="1"), timeout=300)
+    expected = sum(len(ids) for ids in tokenizer([p["en"] for p in pairs])["input_ids"])
+    assert end_to_end.source_tokens_seen(run_dir) == expected
+    assert expected == pytest.approx(len(pairs) * end_to_end.mean_target_tokens(args, pairs, side="source"))
+    assert end_to_end.source_tokens_seen(str(tmp_path)) is None  # no trainer state: nothing counted

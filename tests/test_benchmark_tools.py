@@ -202,6 +202,7 @@ def test_end_to_end_driver_runs_the_official_script_from_a_folder_with_the_metri
     )
     # the Trainer's figures from the results folder, and the peak memory of a process that imported torch, in MiB
     assert (result["train_samples_per_second"], result["train_runtime"]) == (12.5, 3.0)
+    assert result["source_tokens_seen"] is None  # its command line cannot ask for the count
     assert 100 < result["peak_rss_mib"] < 10_000 and result["wall_s"] > 0
     with open(run_dir / "output" / "all_results.json") as f:
         written = json.load(f)
