@@ -130,7 +130,7 @@ def test_preset_defaults_yield_to_flags(tmp_path):
     own_data = out + ["--train_file", "x.jsonl", "--source_lang", "de", "--target_lang", "en", "--do_train"]
     model_args, data_args, args, auto_do = train_script.parse_arguments(own_data)
     assert model_args.preset == "compact" and not auto_do and not args.do_eval
-    assert (args.learning_rate, args.warmup_steps, data_args.max_source_length) == (1e-3, 400, 256)
+    assert (args.learning_rate, args.warmup_steps, data_args.max_source_length) == (1e-3, 200, 256)
     assert (args.lr_scheduler_type, args.max_tokens_per_batch) == ("linear", 512)
     # the budget alone ends training: no epoch limit, and the linear decay follows the clock
     _, _, args, _ = train_script.parse_arguments(own_data + ["--max_train_minutes", "15"])
