@@ -6,9 +6,16 @@ Every launch runs with a short process-group timeout (`--ddp_timeout`) and a sub
 that stop agreeing end the test with an error, not by CI's limit.
 """
 
+import contextlib
 import json
+import os
+import signal
 import subprocess
 import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 import torch
@@ -59,6 +66,14 @@ with open(os.path.join(sys.argv[2], f"chunks-{os.environ.get('RANK', '0')}.json"
 """
 
 
+@dataclass
+class Launch:
+    """One `accelerate launch`, its output going to `log`."""
+
+    process: subprocess.Popen
+    log: Path
+
+
 def accelerate_launch(
     folder,
     launch_flags: list[str],
@@ -68,7 +83,7 @@ def accelerate_launch(
     port: int = 0,
     timeout: str = PROCESS_GROUP_TIMEOUT,
     **env,
-) -> subprocess.Popen:
+) -> Launch:
     """Start `accelerate launch <launch_flags> train.py <args>` through LAUNCHER for 2 processes in all: both on
     this "machine", or one on each of 2."""
     launcher = folder / "launcher.py"
@@ -78,24 +93,51 @@ def accelerate_launch(
     command += ["--main_process_ip", "127.0.0.1", "--main_process_port", str(port or free_port())]
     command += ["--mixed_precision", "no", "--dynamo_backend", "no", *launch_flags, str(launcher)]
     command += [str(ROOT / "scripts" / "train.py"), str(folder), *args, "--ddp_timeout", timeout]
-    return subprocess.Popen(
+    log = open(folder / "launch.log", "w")  # a file, not a pipe: nothing blocks while another launch is waited for
+    process = subprocess.Popen(
         command,
-        stdout=subprocess.PIPE,
+        stdout=log,
         stderr=subprocess.STDOUT,
-        text=True,
-        env={**script_env(folder), **env},
+        env={**script_env(folder), "PYTHONFAULTHANDLER": "1", **env},
+        start_new_session=True,
     )
+    log.close()
+    return Launch(process, folder / "launch.log")
 
 
-def finish(process: subprocess.Popen) -> tuple[int, str]:
-    """(return code, output) of a launch; a launch still running after LAUNCH_TIMEOUT fails the test as a hang."""
-    try:
-        output, _ = process.communicate(timeout=LAUNCH_TIMEOUT)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        output, _ = process.communicate()
-        pytest.fail(f"the launch hung for {LAUNCH_TIMEOUT} s:\n{output[-3000:]}")
-    return process.returncode, output
+FAILED_LAUNCH_GRACE = 60  # seconds the other launches get to end once one has failed (collectives time out in 30)
+
+
+def finish(*launches: Launch) -> list[tuple[int, str]]:
+    """(return code, output) of each launch, waited for together. A launch that has not ended LAUNCH_TIMEOUT s after
+    the wait began, or FAILED_LAUNCH_GRACE s after another launch failed (torchrun's agents wait up to 300 s for each
+    other at exit), fails the test as a hang, with the output of every launch: a hang on one "machine" is often
+    explained by the other's."""
+    deadline = time.monotonic() + LAUNCH_TIMEOUT
+    while any(launch.process.poll() is None for launch in launches):
+        if any(launch.process.poll() not in (None, 0) for launch in launches):
+            deadline = min(deadline, time.monotonic() + FAILED_LAUNCH_GRACE)
+        if time.monotonic() > deadline:
+            pytest.fail("a launch did not end:\n" + "\n".join(stop_and_show(launches)))
+        time.sleep(0.5)
+    return [(launch.process.returncode, launch.log.read_text()) for launch in launches]
+
+
+def stop_and_show(launches: Sequence[Launch]) -> list[str]:
+    """Stop hung launches and return the end of each one's output. Every process of a launch (the launcher, its
+    workers and anything they started) first gets SIGABRT, on which Python prints where each of its threads stood
+    (PYTHONFAULTHANDLER, set by `accelerate_launch`), then SIGKILL."""
+    for launch in launches:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(launch.process.pid, signal.SIGABRT)
+    time.sleep(5)
+    outputs = []
+    for index, launch in enumerate(launches):
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(launch.process.pid, signal.SIGKILL)
+        code = launch.process.wait()
+        outputs.append(f"--- launch {index}, exit code {code} ---\n{launch.log.read_text()[-6000:]}")
+    return outputs
 
 
 @pytest.fixture(scope="module")
@@ -128,7 +170,7 @@ def demo_args(output_dir, tokenizer: str, *extra: str) -> list[str]:
 @pytest.mark.distributed
 def test_several_processes_train_the_demo_batches_on_the_defaults(tmp_path, tokenizer, launch_flags, extra):
     args = demo_args(tmp_path / "out", tokenizer, *extra)
-    code, output = finish(accelerate_launch(tmp_path, launch_flags, args))
+    [(code, output)] = finish(accelerate_launch(tmp_path, launch_flags, args))
     assert code == 0, output[-3000:]
     assert "over 2 processes, gloo" in output
     state = json.loads((tmp_path / "out" / "trainer_state.json").read_text())
@@ -147,7 +189,7 @@ def test_processes_that_disagree_fail_in_seconds_instead_of_hanging(tmp_path, to
     """Without the agreement each process chunks its own batch: FSDP2's gathers stop matching, and the process-group
     timeout (10 s here) turns what used to be a silent hang into an error."""
     args = demo_args(tmp_path / "out", tokenizer)
-    code, output = finish(accelerate_launch(tmp_path, FSDP_LAUNCH, args, timeout="10", MISMATCH="1"))
+    [(code, output)] = finish(accelerate_launch(tmp_path, FSDP_LAUNCH, args, timeout="10", MISMATCH="1"))
     assert code != 0
     assert "timed out" in output.lower() or "timeout" in output.lower(), output[-3000:]
 
@@ -182,7 +224,7 @@ def test_two_machines_on_localhost_train_like_one_process(tmp_path, launch_flags
         folder = tmp_path / f"machine-{rank}"
         folder.mkdir()
         machines.append(accelerate_launch(folder, launch_flags, tiny_args(out, 16), 2, rank, port))
-    results = [finish(machine) for machine in machines]
+    results = finish(*machines)
     for code, output in results:
         assert code == 0, output[-3000:]
     assert "over 2 processes, gloo" in results[0][1]
