@@ -126,6 +126,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--learning_rate", type=float, default=1e-3)
     parser.add_argument("--warmup_steps", type=int, default=400)
     parser.add_argument("--dropout", type=float, default=0.1, help="P_drop of both models (OPUS-MT's: 0.1)")
+    parser.add_argument("--bf16", action="store_true", help="bf16 autocast on the CPU (Trainer's --bf16)")
     parser.add_argument("--seed", type=int, default=42)
     parser.add_argument("--num_beams", type=int, default=4)
     args = parser.parse_args(argv)
@@ -179,6 +180,7 @@ def main(argv: list[str] | None = None) -> dict:
             report_to=[],
             seed=args.seed,
             use_cpu=True,
+            bf16=args.bf16,
             disable_tqdm=True,
         )
         return Seq2SeqTrainer(
@@ -210,8 +212,10 @@ def main(argv: list[str] | None = None) -> dict:
         f.write("\n".join(hypotheses) + "\n")
     grouping = "-grouped" if args.group_by_length else ""
     dropout = "" if args.dropout == 0.1 else f"-dropout{args.dropout:g}"
+    precision = "-bf16" if args.bf16 else ""
     result = {
-        "recipe": f"anchor-{args.model}{grouping}-bs{args.batch_size}-lr{args.learning_rate:g}{dropout}",
+        "recipe": f"anchor-{args.model}{grouping}-bs{args.batch_size}-lr{args.learning_rate:g}{dropout}{precision}",
+        "bf16": trainer.args.bf16,
         "seed": args.seed,
         "dropout": args.dropout,
         "steps": trainer.state.global_step,

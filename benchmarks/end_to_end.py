@@ -15,16 +15,18 @@ script calls `evaluate.load("sacrebleu")`, which then needs no Hub; `evaluate` i
 mean target length in tokens, eos included: both sides draw their batches from the whole corpus), the median of the
 per-round ratios against each Marian side, and each process's peak resident memory (from `wait4`).
 
-Five sides by default (`--sides`), run in turn in each round: `marian` (run_translation.py's defaults: random
+Six sides by default (`--sides`), run in turn in each round: `marian` (run_translation.py's defaults: random
 batches), `marian-grouped` (the same with transformers' stock `--train_sampling_strategy group_by_length`, what a
 knowledgeable user turns on), `vanilla` (train.py, batches of `--batch_size` pairs), `vanilla-no-chunks`
-(`--length_chunks false`: what is left of our lead without skipping padding), and `vanilla-token-batches` (train.py's
+(`--length_chunks false`: what is left of our lead without skipping padding), `vanilla-token-batches` (train.py's
 own batching, as its `compact` default trains: length-grouped batches of at most `--max_tokens_per_batch` padded
-tokens per side). A token batch holds a varying number of pairs, so Trainer's samples/s (steps times the batch size)
-does not describe it: every side also counts the non-padding source tokens it trained on (Trainer's stock
-`include_num_input_tokens_seen="non_padding"`), and source tokens per second over Trainer's train_runtime is the
-figure that compares all five. (With `--run_translation`, whose command line cannot ask for that count, the Marian
-sides' figure is samples/s times the corpus's mean source length, as for target tokens.)
+tokens per side), and `vanilla-grouped` (train.py on marian-grouped's batching: the training step against Marian's,
+on the same batches). `--bf16` puts every side in bf16 autocast (Trainer's `--bf16` on the CPU). A token batch holds
+a varying number of pairs, so Trainer's samples/s (steps times the batch size) does not describe it: every side also
+counts the non-padding source tokens it trained on (Trainer's stock `include_num_input_tokens_seen="non_padding"`),
+and source tokens per second over Trainer's train_runtime is the figure that compares all six. (With
+`--run_translation`, whose command line cannot ask for that count, the Marian sides' figure is samples/s times the
+corpus's mean source length, as for target tokens.)
 
     python benchmarks/build_mo_corpus.py --output_dir data/en-fr
     python benchmarks/end_to_end.py --data_dir data/en-fr --size small --max_steps 100 --pairs 2
@@ -47,7 +49,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from speed import SIZES  # noqa: E402  (d_model, layers, heads, FFN of each size)
 
 MAX_LENGTH = 256  # source and target truncation on both sides (train.py's presets)
-SIDES = ("marian", "marian-grouped", "vanilla", "vanilla-no-chunks", "vanilla-token-batches")
+SIDES = ("marian", "marian-grouped", "vanilla", "vanilla-no-chunks", "vanilla-token-batches", "vanilla-grouped")
 # the `evaluate` metric module run_translation.py loads by name (evaluate.load("sacrebleu")), offline: the only use of
 # `evaluate` in the project (the test extra installs it)
 SACREBLEU_METRIC = os.path.join(os.path.dirname(os.path.abspath(__file__)), "metrics", "sacrebleu.py")
@@ -70,6 +72,7 @@ def parse_arguments(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--pairs", type=int, default=2, help="Marian/ours runs, interleaved")
     parser.add_argument("--run_translation", help="transformers' run_translation.py: run it for the Marian side")
     parser.add_argument("--seed", type=int, default=42)
+    parser.add_argument("--bf16", action="store_true", help="every side in bf16 autocast (Trainer's --bf16 on the CPU)")
     parser.add_argument("--sides", default=",".join(SIDES), help=f"Comma-separated, of: {', '.join(SIDES)}")
     parser.add_argument("--child", choices=("marian", "marian-grouped"), help=argparse.SUPPRESS)
     parser.add_argument("--run_dir", help=argparse.SUPPRESS)
@@ -137,7 +140,7 @@ def train_marian(args: argparse.Namespace, group_by_length: bool = False) -> Non
         learning_rate=args.learning_rate, label_smoothing_factor=0.1, save_strategy="no", eval_strategy="no",
         report_to=[], seed=args.seed, use_cpu=True, disable_tqdm=True, logging_steps=args.max_steps,
         train_sampling_strategy="group_by_length" if group_by_length else "random",
-        include_num_input_tokens_seen="non_padding",
+        include_num_input_tokens_seen="non_padding", bf16=args.bf16,
     )  # fmt: skip
     collator = DataCollatorForSeq2Seq(tokenizer, model=model, label_pad_token_id=-100)
     trainer = Seq2SeqTrainer(
@@ -149,10 +152,15 @@ def train_marian(args: argparse.Namespace, group_by_length: bool = False) -> Non
 
 
 def ours_command(
-    args: argparse.Namespace, run_dir: str, length_chunks: bool | None = None, token_batches: bool = False
+    args: argparse.Namespace,
+    run_dir: str,
+    length_chunks: bool | None = None,
+    token_batches: bool = False,
+    grouped: bool = False,
 ) -> list[str]:
     """train.py with the Marian side's settings; `length_chunks` False/True sets --length_chunks (None: its default);
-    `token_batches` replaces the batches of `--batch_size` pairs by train.py's token batches.
+    `token_batches` replaces the batches of `--batch_size` pairs by train.py's token batches; `grouped` draws them
+    with Trainer's stock `--train_sampling_strategy group_by_length`, as the marian-grouped side does.
 
     The arguments go to train.py as its one JSON file (`run_dir/args.json`, written here): transformers 5.24's
     HfArgumentParser reads a `str | bool` field such as `include_num_input_tokens_seen` as a boolean on the command
@@ -172,6 +180,10 @@ def ours_command(
         values["length_chunks"] = length_chunks
     if token_batches:
         values["max_tokens_per_batch"] = args.max_tokens_per_batch
+    if grouped:
+        values["train_sampling_strategy"] = "group_by_length"
+    if args.bf16:
+        values["bf16"] = True
     os.makedirs(run_dir, exist_ok=True)
     path = os.path.join(run_dir, "args.json")
     with open(path, "w") as f:
@@ -225,7 +237,7 @@ def run_translation_command(args: argparse.Namespace, run_dir: str, group_by_len
         str(args.max_steps), "--per_device_train_batch_size", str(args.batch_size), "--learning_rate",
         str(args.learning_rate), "--label_smoothing_factor", "0.1", "--save_strategy", "no", "--seed", str(args.seed),
         "--use_cpu", "--report_to", "none", "--disable_tqdm", "true", "--logging_steps", str(args.max_steps),
-        *grouping,
+        *grouping, *(["--bf16", "true"] if args.bf16 else []),
     ]  # fmt: skip
 
 
@@ -287,7 +299,8 @@ def main(argv: list[str] | None = None) -> dict:
             os.makedirs(run_dir, exist_ok=True)
             if side.startswith("vanilla"):
                 chunks = False if side == "vanilla-no-chunks" else None
-                command = ours_command(args, run_dir, chunks, token_batches=side == "vanilla-token-batches")
+                token_batches, grouped = side == "vanilla-token-batches", side == "vanilla-grouped"
+                command = ours_command(args, run_dir, chunks, token_batches=token_batches, grouped=grouped)
                 result = run(command, run_dir)
             elif args.run_translation:
                 command = run_translation_command(args, run_dir, group_by_length=side == "marian-grouped")

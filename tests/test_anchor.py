@@ -73,3 +73,14 @@ def test_anchor_dropout_is_the_recipes_not_the_presets(monkeypatch, tmp_path):
         assert model.config.dropout == 0.0 and model.config.d_model == anchor.SIZE["d_model"]
     with pytest.raises(SystemExit):
         anchor.main(["--data_dir", str(tmp_path), "--output_dir", str(tmp_path / "run"), "--dropout", "1"])
+
+
+@pytest.mark.slow
+def test_anchor_trains_in_bf16_on_the_cpu_when_asked(tmp_path, corpus, one_thread):
+    """--bf16: the anchor's Trainer runs bf16 autocast on the CPU (as ours does on a CPU that multiplies bf16 in
+    hardware), and the result says so."""
+    anchor = load_script("anchor", folder="benchmarks")
+    args = ["--data_dir", str(corpus), "--output_dir", str(tmp_path / "run"), "--max_steps", "3", "--num_beams", "1"]
+    result = anchor.main([*args, "--bf16", "--dropout", "0"])
+    assert result["bf16"] is True and result["recipe"] == "anchor-marian-bs16-lr0.001-dropout0-bf16"
+    assert result["steps"] == 3 and 0 <= result["test_bleu"] <= 100

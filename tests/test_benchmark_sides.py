@@ -33,6 +33,17 @@ def test_each_side_asks_for_its_batching(tmp_path):
             command[2:], return_remaining_strings=True
         )[0]
         assert parsed.train_sampling_strategy == strategy
+    command = end_to_end.ours_command(args, str(tmp_path / "run"), grouped=True)
+    parsed = train.parse_arguments(command[2:])[2]  # vanilla-grouped: Trainer's stock sampler, as marian-grouped
+    assert parsed.train_sampling_strategy == "group_by_length" and parsed.max_tokens_per_batch is None
+    assert parsed.bf16 is False  # float32 on both sides unless --bf16, whatever the CPU
+    half = end_to_end.parse_arguments(["--data_dir", str(tmp_path), "--run_translation", __file__, "--bf16"])
+    assert train.parse_arguments(end_to_end.ours_command(half, str(tmp_path / "run"))[2:])[2].bf16 is True
+    command = end_to_end.run_translation_command(half, str(tmp_path / "run"), group_by_length=True)
+    parsed = HfArgumentParser(Seq2SeqTrainingArguments).parse_args_into_dataclasses(
+        command[2:], return_remaining_strings=True
+    )[0]
+    assert parsed.bf16 is True and parsed.use_cpu is True
     chosen = end_to_end.parse_arguments(["--data_dir", str(tmp_path), "--sides", "marian-grouped, vanilla"])
     assert chosen.sides == ["marian-grouped", "vanilla"]
     with pytest.raises(SystemExit):
