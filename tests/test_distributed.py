@@ -130,7 +130,7 @@ def stop_and_show(launches: Sequence[Launch]) -> list[str]:
     for launch in launches:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(launch.process.pid, signal.SIGABRT)
-    time.sleep(5)
+    time.sleep(2)  # the tracebacks are written at once
     outputs = []
     for index, launch in enumerate(launches):
         with contextlib.suppress(ProcessLookupError):
@@ -138,6 +138,35 @@ def stop_and_show(launches: Sequence[Launch]) -> list[str]:
         code = launch.process.wait()
         outputs.append(f"--- launch {index}, exit code {code} ---\n{launch.log.read_text()[-6000:]}")
     return outputs
+
+
+def test_a_failed_launch_ends_the_wait_for_the_others(tmp_path, monkeypatch):
+    """What finish() does when one "machine" fails while the other waits (as torchrun's agent waits 300 s for its
+    peer at exit): the test fails after the grace period, with both outputs and where the waiting one stood."""
+    monkeypatch.setattr(sys.modules[__name__], "FAILED_LAUNCH_GRACE", 1)
+
+    def start(name: str, code: str) -> Launch:
+        log = tmp_path / f"{name}.log"
+        with open(log, "w") as f:
+            process = subprocess.Popen(
+                [sys.executable, "-c", code],
+                stdout=f,
+                stderr=subprocess.STDOUT,
+                env={**os.environ, "PYTHONFAULTHANDLER": "1"},
+                start_new_session=True,
+            )
+        return Launch(process, log)
+
+    waiting = start("waiting", "import time\nprint('waiting', flush=True)\ntime.sleep(600)")
+    failed = start("failed", "import sys\nprint('failed', flush=True)\nsys.exit(3)")
+    began = time.monotonic()
+    with pytest.raises(pytest.fail.Exception) as info:
+        finish(waiting, failed)
+    assert time.monotonic() - began < 30
+    message = str(info.value)
+    assert "launch 1, exit code 3" in message and "failed" in message
+    assert "waiting" in message and 'File "<string>", line 3' in message  # where the waiting launch stood
+    assert waiting.process.poll() is not None  # stopped, not left running
 
 
 @pytest.fixture(scope="module")
