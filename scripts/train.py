@@ -46,7 +46,7 @@ from transformers import AutoTokenizer, HfArgumentParser, set_seed
 from vanilla_transformer import VanillaTransformerForConditionalGeneration
 from vanilla_transformer.training.arguments import TranslationTrainingArguments, implied_defaults
 from vanilla_transformer.training.checkpoints import check_checkpoint, last_complete_checkpoint, load_trained_model
-from vanilla_transformer.training.cpu import busy_cpus, recorded_threads, set_cpu_threads
+from vanilla_transformer.training.cpu import busy_cpus, native_bf16_matmul, recorded_threads, set_cpu_threads
 from vanilla_transformer.training.data import (
     MIN_ROWS_PER_WORKER,
     DataArguments,
@@ -172,7 +172,11 @@ def parse_arguments(
     else:
         model_args, data_args, _ = pre_parser.parse_args_into_dataclasses(argv, return_remaining_strings=True)
     preset = model_args.preset or ("compact" if data_args.has_own_data() else "small")
-    defaults = training_defaults(preset)
+    # bf16 on a CPU that multiplies it in hardware, where the preset asks for it: one process, no accelerator, and no
+    # flag given about the precision or the device (a flag given always wins)
+    alone_on_cpu = not torch.accelerator.is_available() and int(os.environ.get("WORLD_SIZE", "1")) == 1
+    native_bf16 = native_bf16_matmul() if alone_on_cpu and not {"bf16", "fp16", "use_cpu"} & given else None
+    defaults = training_defaults(preset, native_bf16)
     auto_do = not {"do_train", "do_eval", "do_predict"} & given
     if auto_do:
         defaults.update(do_train=True, do_eval=True, do_predict=True)
@@ -270,6 +274,18 @@ def build_model(model_args, tokenizer, tokenizer_source):
         model = VanillaTransformerForConditionalGeneration(config)
     check_tokenizer_matches_config(tokenizer, model.config, tokenizer_source)
     return model
+
+
+def describe_precision(training_args: TranslationTrainingArguments) -> str:
+    """The training precision in a few words; on a CPU with bf16 autocast, the hardware feature that makes it pay."""
+    if not (training_args.bf16 or training_args.fp16):
+        return "float32"
+    kind = "bf16" if training_args.bf16 else "fp16"
+    if training_args.device.type != "cpu" or not training_args.bf16:
+        return f"{kind} autocast"
+    feature = native_bf16_matmul()
+    why = f"this CPU multiplies bf16 in hardware ({feature})" if feature else "this CPU emulates bf16 products"
+    return f"bf16 autocast ({why}; --bf16 false for float32)"
 
 
 def print_summary(metrics: dict, output_dir: str) -> None:
@@ -380,7 +396,8 @@ def main(argv: list[str] | None = None, callbacks=None) -> dict:
         print(
             f"model: {parameters / 1e6:.2f}M parameters ({model_args.model_name_or_path or model_args.preset}); "
             f"{source_lang}->{target_lang}; tokenizer: {tokenizer_source}; global batch {batch}; "
-            f"CPU threads {threads}; parallelism: {describe_parallelism(trainer.accelerator)}"
+            f"CPU threads {threads}; precision: {describe_precision(training_args)}; "
+            f"parallelism: {describe_parallelism(trainer.accelerator)}"
         )
         if training_args.do_train and training_args.max_train_minutes is not None:
             alone = training_args.max_steps == UNLIMITED_STEPS

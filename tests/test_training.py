@@ -222,6 +222,54 @@ def test_bf16_without_an_accelerator_runs_on_the_cpu(tmp_path, monkeypatch):
     assert "use_cpu" not in implied_defaults({"bf16"}, {"bf16": True}, accelerator_available=True)
 
 
+def test_compact_trains_in_bf16_alone_on_a_cpu_that_multiplies_bf16(tmp_path, monkeypatch):
+    """The compact preset (your own data) turns bf16 autocast on where the CPU multiplies bf16 in hardware, train.py
+    runs as one process and there is no accelerator; a --bf16, --fp16 or --use_cpu flag given wins; other presets,
+    several processes and CPUs without the feature keep float32."""
+    monkeypatch.setattr(torch.accelerator, "is_available", lambda: False)
+    monkeypatch.setattr(train_script, "native_bf16_matmul", lambda: "avx512_bf16")
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    own_data = ["--output_dir", str(tmp_path), "--train_file", str(tmp_path / "train.jsonl")]
+
+    def precision(argv: list[str]) -> tuple[bool, bool]:
+        _, _, args, _ = train_script.parse_arguments(argv)
+        return args.bf16, args.use_cpu
+
+    assert precision(own_data) == (True, True)
+    assert train_script.describe_precision(train_script.parse_arguments(own_data)[2]).startswith(
+        "bf16 autocast (this CPU multiplies bf16 in hardware (avx512_bf16); --bf16 false"
+    )
+    assert precision(own_data + ["--bf16", "false"]) == (False, False)
+    assert precision(own_data + ["--use_cpu", "true"]) == (False, True)
+    assert precision(own_data + ["--preset", "base"]) == (False, False)
+    assert precision(["--output_dir", str(tmp_path)]) == (False, False)  # the demo's small preset
+    (tmp_path / "args.json").write_text(json.dumps({"output_dir": str(tmp_path), "train_file": "t.jsonl"}))
+    assert precision([str(tmp_path / "args.json")]) == (True, True)
+    (tmp_path / "args.json").write_text(json.dumps({"output_dir": str(tmp_path), "train_file": "t.jsonl", "bf16": 0}))
+    assert precision([str(tmp_path / "args.json")]) == (False, False)
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    assert precision(own_data) == (False, False)
+    monkeypatch.delenv("WORLD_SIZE")
+    monkeypatch.setattr(train_script, "native_bf16_matmul", lambda: None)
+    assert precision(own_data) == (False, False)
+    assert train_script.describe_precision(train_script.parse_arguments(own_data)[2]) == "float32"
+
+
+def test_native_bf16_is_read_from_pytorchs_cpu_capabilities(monkeypatch):
+    from vanilla_transformer.training import cpu
+
+    for capabilities, expected in (
+        ({"avx512_bf16": True, "amx_bf16": False}, "avx512_bf16"),
+        ({"avx512_bf16": True, "amx_bf16": True}, "amx_bf16"),
+        ({"avx512_bf16": False, "avx2": True}, None),
+        ({"neon": True, "bf16": True}, None),  # ARM: not measured
+    ):
+        monkeypatch.setattr(torch.cpu, "get_capabilities", lambda capabilities=capabilities: capabilities)
+        assert cpu.native_bf16_matmul() == expected
+    monkeypatch.delattr(torch.cpu, "get_capabilities")  # a PyTorch that cannot tell
+    assert cpu.native_bf16_matmul() is None
+
+
 def test_help_documents_every_flag(capsys):
     with pytest.raises(SystemExit) as info:
         train_script.main(["--help"])

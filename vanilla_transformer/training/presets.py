@@ -10,8 +10,8 @@ from transformers import GenerationConfig
 from ..configuration_vanilla_transformer import VanillaTransformerConfig
 
 # Each preset: the model (VanillaTransformerConfig fields), the tokenizer's vocabulary size when train.py trains one,
-# the default longest source/target in tokens, and training defaults that replace TranslationTrainingArguments'
-# defaults unless given on the command line.
+# the default longest source/target in tokens, training defaults that replace TranslationTrainingArguments' defaults
+# unless given on the command line, and optionally whether to train in bf16 on a CPU that multiplies it natively.
 # Learning rates follow the paper's schedule lrate = d_model^-0.5 * min(step^-0.5, step * warmup^-1.5) (§5.3), whose
 # peak, reached at the end of warmup, is d_model^-0.5 * warmup^-0.5: 7e-4 for base and 4.9e-4 for big (warmup 4000).
 PRESETS: dict[str, dict] = {
@@ -66,6 +66,10 @@ PRESETS: dict[str, dict] = {
         },
         "vocab_size": 8000,
         "max_length": 256,
+        # bf16 autocast where the CPU multiplies bf16 in hardware (cpu.native_bf16_matmul) and train.py runs as one
+        # process without an accelerator, unless --bf16, --fp16 or --use_cpu is given: measured on the French corpus,
+        # the step runs 1.7x faster and the BLEU of the same steps is float32's (docs/training.md)
+        "bf16_on_native_cpu": True,
         # measured on a 57k-pair English-French corpus against Marian's recipe: see docs/training.md
         "training": {
             "learning_rate": 1e-3,
@@ -166,8 +170,13 @@ def default_generation_config(config, num_beams: int = 4, max_length: int = 257)
     )
 
 
-def training_defaults(preset: str) -> dict:
-    """The training-argument defaults a preset brings (applied unless the flag is given)."""
+def training_defaults(preset: str, native_bf16: str | None = None) -> dict:
+    """The training-argument defaults a preset brings (applied unless the flag is given). `native_bf16`: the CPU
+    feature that multiplies bf16 in hardware (``cpu.native_bf16_matmul``) when train.py runs as one process without an
+    accelerator, else None; with it, a preset with ``bf16_on_native_cpu`` trains in bf16 autocast on the CPU."""
     if preset not in PRESETS:
         raise ValueError(f"--preset {preset!r} is unknown; allowed: {', '.join(PRESETS)}.")
-    return dict(PRESETS[preset]["training"])
+    defaults = dict(PRESETS[preset]["training"])
+    if native_bf16 and PRESETS[preset].get("bf16_on_native_cpu"):
+        defaults.update(bf16=True, use_cpu=True)
+    return defaults
