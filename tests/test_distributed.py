@@ -93,16 +93,17 @@ def accelerate_launch(
     command += ["--main_process_ip", "127.0.0.1", "--main_process_port", str(port or free_port())]
     command += ["--mixed_precision", "no", "--dynamo_backend", "no", *launch_flags, str(launcher)]
     command += [str(ROOT / "scripts" / "train.py"), str(folder), *args, "--ddp_timeout", timeout]
-    log = open(folder / "launch.log", "w")  # a file, not a pipe: nothing blocks while another launch is waited for
-    process = subprocess.Popen(
-        command,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        env={**script_env(folder), "PYTHONFAULTHANDLER": "1", **env},
-        start_new_session=True,
-    )
-    log.close()
-    return Launch(process, folder / "launch.log")
+    return start_logged(command, folder / "launch.log", {**script_env(folder), **env})
+
+
+def start_logged(command: list[str], log: Path, env: dict) -> Launch:
+    """Start `command` in a session of its own (so that all its processes can be stopped together), its output going
+    to the file `log` (not a pipe: nothing blocks while another launch is waited for), Python's fault handler on."""
+    with open(log, "w") as f:
+        process = subprocess.Popen(
+            command, stdout=f, stderr=subprocess.STDOUT, env={**env, "PYTHONFAULTHANDLER": "1"}, start_new_session=True
+        )
+    return Launch(process, log)
 
 
 FAILED_LAUNCH_GRACE = 60  # seconds the other launches get to end once one has failed (collectives time out in 30)
@@ -126,7 +127,7 @@ def finish(*launches: Launch) -> list[tuple[int, str]]:
 def stop_and_show(launches: Sequence[Launch]) -> list[str]:
     """Stop hung launches and return the end of each one's output. Every process of a launch (the launcher, its
     workers and anything they started) first gets SIGABRT, on which Python prints where each of its threads stood
-    (PYTHONFAULTHANDLER, set by `accelerate_launch`), then SIGKILL."""
+    (PYTHONFAULTHANDLER, set by `start_logged`), then SIGKILL."""
     for launch in launches:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(launch.process.pid, signal.SIGABRT)
@@ -146,16 +147,7 @@ def test_a_failed_launch_ends_the_wait_for_the_others(tmp_path, monkeypatch):
     monkeypatch.setattr(sys.modules[__name__], "FAILED_LAUNCH_GRACE", 1)
 
     def start(name: str, code: str) -> Launch:
-        log = tmp_path / f"{name}.log"
-        with open(log, "w") as f:
-            process = subprocess.Popen(
-                [sys.executable, "-c", code],
-                stdout=f,
-                stderr=subprocess.STDOUT,
-                env={**os.environ, "PYTHONFAULTHANDLER": "1"},
-                start_new_session=True,
-            )
-        return Launch(process, log)
+        return start_logged([sys.executable, "-c", code], tmp_path / f"{name}.log", dict(os.environ))
 
     waiting = start("waiting", "import time\nprint('waiting', flush=True)\ntime.sleep(600)")
     failed = start("failed", "import sys\nprint('failed', flush=True)\nsys.exit(3)")
