@@ -461,6 +461,11 @@ def main(argv: list[str] | None = None, callbacks=None) -> dict:
             target_lang=target_lang,
         )
         print_summary(all_metrics, training_args.output_dir)
+    # Every process leaves its process group before it exits (transformers' `Trainer.end`): left to the interpreter's
+    # exit, a gloo group can abort the process after its work is saved (`workarounds.torch_gloo_group_teardown`).
+    # Only on success: a process that failed leaves the group as it is (destroying it while the others still wait in
+    # a collective can hang them).
+    trainer.end()
     return all_metrics
 
 

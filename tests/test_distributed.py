@@ -44,6 +44,7 @@ TRANSFORMERS_FSDP = ["--fsdp", "full_shard auto_wrap", "--fsdp_config", WRAP_LAY
 # MISMATCH=1 takes the processes' agreement away: each then chunks its own batch as it alone would choose.
 LAUNCHER = """
 import importlib.util, json, os, sys
+import torch
 import vanilla_transformer.training.batching as batching
 
 spec = importlib.util.spec_from_file_location("train_script", sys.argv[1])
@@ -63,6 +64,13 @@ if os.environ.get("MISMATCH"):
 train_script.main(sys.argv[3:])
 with open(os.path.join(sys.argv[2], f"chunks-{os.environ.get('RANK', '0')}.json"), "w") as f:
     json.dump(counts, f)
+# what is left of the process group once main() has returned
+workers = 0
+for task in os.listdir("/proc/self/task"):
+    with open(f"/proc/self/task/{task}/comm") as f:
+        workers += f.read().strip() == "pt_gloo_runloop"
+with open(os.path.join(sys.argv[2], f"group-{os.environ.get('RANK', '0')}.json"), "w") as f:
+    json.dump({"initialized": torch.distributed.is_initialized(), "gloo worker threads": workers}, f)
 """
 
 
@@ -203,6 +211,12 @@ def test_several_processes_train_the_demo_batches_on_the_defaults(tmp_path, toke
     assert counts[0] == counts[1] and 24 <= len(counts[0]) <= 24 * accumulation
     if "--max_tokens_per_batch" not in extra:
         assert max(counts[0]) > 1, counts[0]
+    # each process left its process group before exiting, and under DDP the group is gone with its threads
+    # (workarounds.torch_gloo_group_teardown; under FSDP2 DTensor's caches keep it until the interpreter exits)
+    groups = [json.loads((tmp_path / f"group-{rank}.json").read_text()) for rank in (0, 1)]
+    assert [group["initialized"] for group in groups] == [False, False]
+    if "--use_fsdp" not in launch_flags and "--fsdp" not in extra:
+        assert [group["gloo worker threads"] for group in groups] == [0, 0]
 
 
 @pytest.mark.distributed

@@ -8,10 +8,13 @@ workaround relies on: when one fails, the workaround must change. All run in thi
 group of one process (gloo) stands in for a launch where FSDP needs one.
 """
 
+import contextlib
 import functools
+import gc
 import inspect
 import logging
 import os
+from pathlib import Path
 from types import SimpleNamespace
 
 import datasets
@@ -288,6 +291,46 @@ def test_fsdp_still_fails_to_load_a_full_state_dict_with_module_aliases(one_proc
     torch_fsdp_aliased_module_load.load_full_state_dict_checkpoint(accelerator, model, str(path))
     for name, tensor in gathered_state_dict(model).items():
         torch.testing.assert_close(tensor, saved[name], rtol=0, atol=0, msg=name)
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# torch_gloo_group_teardown
+# --------------------------------------------------------------------------------------------------------------------
+
+
+def gloo_worker_threads() -> int:
+    """The gloo worker threads (`pt_gloo_runloop`) this process runs."""
+    names = []
+    for task in os.listdir("/proc/self/task"):
+        with contextlib.suppress(OSError):  # a thread that ended meanwhile
+            names.append(Path(f"/proc/self/task/{task}/comm").read_text().strip())
+    return names.count("pt_gloo_runloop")
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="counts threads through Linux's /proc")
+def test_torch_gloo_workers_still_outlive_destroy_process_group_under_ddp(monkeypatch):
+    """torch_gloo_group_teardown: destroy_process_group leaves a gloo group's worker threads running while a DDP
+    model's Reducer holds the group; they end only when the model is freed, from C++ with the GIL held (the deadlock
+    the workaround avoids). Without a DDP model they end in destroy_process_group."""
+    gc.collect()  # what earlier tests left to the garbage collector
+    before = gloo_worker_threads()  # groups that DTensor's caches keep (earlier tests sharded models) keep theirs
+    for name, value in zip(LAUNCH_ENV, ("127.0.0.1", str(free_port()), "0", "1", "0", "1")):
+        monkeypatch.setenv(name, value)
+    torch.distributed.init_process_group("gloo", rank=0, world_size=1)
+    ddp = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(2, 2))
+    started = gloo_worker_threads() - before
+    assert started > 0
+    torch.distributed.destroy_process_group()
+    assert gloo_worker_threads() - before == started
+    del ddp
+    gc.collect()
+    assert gloo_worker_threads() == before
+
+    torch.distributed.init_process_group("gloo", rank=0, world_size=1)
+    torch.distributed.all_reduce(torch.ones(2))  # gloo starts its workers at the first collective
+    assert gloo_worker_threads() - before == started
+    torch.distributed.destroy_process_group()
+    assert gloo_worker_threads() == before
 
 
 # --------------------------------------------------------------------------------------------------------------------

@@ -31,6 +31,7 @@ from .workarounds import (
     torch_fsdp_aliased_module_load,
     torch_fsdp_class_swap,
     torch_fsdp_gathered_ties,
+    torch_gloo_group_teardown,
     transformers_resume_past_the_end,
     transformers_tied_names_missing_on_resume,
 )
@@ -191,6 +192,13 @@ class TranslationTrainer(TokenBatchingSeq2SeqTrainer):
     ) -> PredictionOutput:
         with self._references_of(test_dataset):
             return super().predict(test_dataset, ignore_keys, metric_key_prefix, **gen_kwargs)
+
+    def end(self) -> None:
+        """``Trainer.end()`` (destroy the process group), once every process has got here and the model wrapped for
+        DDP is released (`workarounds.torch_gloo_group_teardown`: a gloo group can otherwise deadlock or abort the
+        process). The trainer can neither train nor evaluate afterwards."""
+        torch_gloo_group_teardown.before_leaving(self)
+        super().end()
 
     def _remove_unused_columns(self, dataset, description: str | None = None):
         # the reference sentences are read by evaluate/predict, never by the collator (also with
