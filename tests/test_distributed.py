@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+import psutil
 import pytest
 import torch
 from conftest import ROOT, TINY_OVERRIDES, free_port, load_script, script_env
@@ -133,17 +134,22 @@ def finish(*launches: Launch) -> list[tuple[int, str]]:
 
 
 def stop_and_show(launches: Sequence[Launch]) -> list[str]:
-    """Stop hung launches and return the end of each one's output. Every process of a launch (the launcher, its
-    workers and anything they started) first gets SIGABRT, on which Python prints where each of its threads stood
-    (PYTHONFAULTHANDLER, set by `start_logged`), then SIGKILL."""
-    for launch in launches:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(launch.process.pid, signal.SIGABRT)
-    time.sleep(2)  # the tracebacks are written at once
+    """Stop hung launches and return the end of each one's output. Every process of a launch (the launcher, and all
+    its descendants: torchrun starts each worker in a session of its own) first gets SIGABRT, on which Python prints
+    where each of its threads stood (PYTHONFAULTHANDLER, set by `start_logged`), then SIGKILL."""
+    processes = []
+    for launch in launches:  # all found before any is stopped: a stopped parent's children move to init
+        with contextlib.suppress(psutil.NoSuchProcess):
+            root = psutil.Process(launch.process.pid)
+            processes += [root, *root.children(recursive=True)]
+    for how in (signal.SIGABRT, signal.SIGKILL):
+        for process in processes:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                process.send_signal(how)
+        if how == signal.SIGABRT:
+            time.sleep(2)  # the tracebacks are written at once
     outputs = []
     for index, launch in enumerate(launches):
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(launch.process.pid, signal.SIGKILL)
         code = launch.process.wait()
         outputs.append(f"--- launch {index}, exit code {code} ---\n{launch.log.read_text()[-6000:]}")
     return outputs
@@ -157,7 +163,11 @@ def test_a_failed_launch_ends_the_wait_for_the_others(tmp_path, monkeypatch):
     def start(name: str, code: str) -> Launch:
         return start_logged([sys.executable, "-c", code], tmp_path / f"{name}.log", dict(os.environ))
 
-    waiting = start("waiting", "import time\nprint('waiting', flush=True)\ntime.sleep(600)")
+    # the waiting launch's child runs in a session of its own, as torchrun's workers do
+    child = "import time\nprint('child waiting', flush=True)\ntime.sleep(600)"
+    parent = "import subprocess, sys, time\n"
+    parent += f"subprocess.Popen([sys.executable, '-c', {child!r}], start_new_session=True)"
+    waiting = start("waiting", parent + "\nprint('waiting', flush=True)\ntime.sleep(600)")
     failed = start("failed", "import sys\nprint('failed', flush=True)\nsys.exit(3)")
     began = time.monotonic()
     with pytest.raises(pytest.fail.Exception) as info:
@@ -165,8 +175,10 @@ def test_a_failed_launch_ends_the_wait_for_the_others(tmp_path, monkeypatch):
     assert time.monotonic() - began < 30
     message = str(info.value)
     assert "launch 1, exit code 3" in message and "failed" in message
-    assert "waiting" in message and 'File "<string>", line 3' in message  # where the waiting launch stood
+    assert "waiting" in message and 'File "<string>", line 4' in message  # where the waiting launch stood
+    assert "child waiting" in message and 'File "<string>", line 3' in message  # and its child
     assert waiting.process.poll() is not None  # stopped, not left running
+    assert not [p for p in psutil.process_iter(["cmdline"]) if "child waiting" in " ".join(p.info["cmdline"] or [])]
 
 
 @pytest.fixture(scope="module")
