@@ -142,12 +142,13 @@ def stop_and_show(launches: Sequence[Launch]) -> list[str]:
         with contextlib.suppress(psutil.NoSuchProcess):
             root = psutil.Process(launch.process.pid)
             processes += [root, *root.children(recursive=True)]
-    for how in (signal.SIGABRT, signal.SIGKILL):
-        for process in processes:
-            with contextlib.suppress(psutil.NoSuchProcess):
-                process.send_signal(how)
-        if how == signal.SIGABRT:
-            time.sleep(2)  # the tracebacks are written at once
+    for process in processes:  # one at a time: processes of a launch write into the same log
+        with contextlib.suppress(psutil.NoSuchProcess):
+            process.send_signal(signal.SIGABRT)
+            time.sleep(0.3)  # a traceback is written at once
+    for process in processes:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            process.send_signal(signal.SIGKILL)
     outputs = []
     for index, launch in enumerate(launches):
         code = launch.process.wait()
@@ -163,11 +164,17 @@ def test_a_failed_launch_ends_the_wait_for_the_others(tmp_path, monkeypatch):
     def start(name: str, code: str) -> Launch:
         return start_logged([sys.executable, "-c", code], tmp_path / f"{name}.log", dict(os.environ))
 
-    # the waiting launch's child runs in a session of its own, as torchrun's workers do
-    child = "import time\nprint('child waiting', flush=True)\ntime.sleep(600)"
+    # the waiting launch's child runs in a session of its own, as torchrun's workers do; it writes its pid when ready
+    ready = tmp_path / "child.pid"
+    child = f"import os, time\nprint('child waiting', flush=True)\nopen({str(ready)!r}, 'w').write(str(os.getpid()))"
+    child += "\ntime.sleep(600)"
     parent = "import subprocess, sys, time\n"
     parent += f"subprocess.Popen([sys.executable, '-c', {child!r}], start_new_session=True)"
     waiting = start("waiting", parent + "\nprint('waiting', flush=True)\ntime.sleep(600)")
+    deadline = time.monotonic() + 60
+    while not (ready.exists() and ready.read_text()):
+        assert time.monotonic() < deadline, "the child did not start"
+        time.sleep(0.1)
     failed = start("failed", "import sys\nprint('failed', flush=True)\nsys.exit(3)")
     began = time.monotonic()
     with pytest.raises(pytest.fail.Exception) as info:
@@ -175,10 +182,11 @@ def test_a_failed_launch_ends_the_wait_for_the_others(tmp_path, monkeypatch):
     assert time.monotonic() - began < 30
     message = str(info.value)
     assert "launch 1, exit code 3" in message and "failed" in message
-    assert "waiting" in message and 'File "<string>", line 4' in message  # where the waiting launch stood
-    assert "child waiting" in message and 'File "<string>", line 3' in message  # and its child
+    assert "waiting" in message and "child waiting" in message
+    assert message.count('File "<string>", line 4') == 2  # where the waiting launch and its child stood (sleep)
     assert waiting.process.poll() is not None  # stopped, not left running
-    assert not [p for p in psutil.process_iter(["cmdline"]) if "child waiting" in " ".join(p.info["cmdline"] or [])]
+    with contextlib.suppress(psutil.NoSuchProcess):  # nor its child (at most a zombie, not yet reaped)
+        assert psutil.Process(int(ready.read_text())).status() == psutil.STATUS_ZOMBIE
 
 
 @pytest.fixture(scope="module")
