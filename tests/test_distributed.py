@@ -106,8 +106,8 @@ def accelerate_launch(
 
 
 def start_logged(command: list[str], log: Path, env: dict) -> Launch:
-    """Start `command` in a session of its own (so that all its processes can be stopped together), its output going
-    to the file `log` (not a pipe: nothing blocks while another launch is waited for), Python's fault handler on."""
+    """Start `command` in a session of its own (pytest's terminal signals stay pytest's), its output going to the
+    file `log` (not a pipe: nothing blocks while another launch is waited for), Python's fault handler on."""
     with open(log, "w") as f:
         process = subprocess.Popen(
             command, stdout=f, stderr=subprocess.STDOUT, env={**env, "PYTHONFAULTHANDLER": "1"}, start_new_session=True
