@@ -65,7 +65,7 @@ from vanilla_transformer.training.sharding import describe_parallelism
 from vanilla_transformer.training.time_budget import UNLIMITED_STEPS, find_time_budget, format_duration
 from vanilla_transformer.training.tokenizer import check_tokenizer_matches_config, iterate_texts, train_tokenizer
 from vanilla_transformer.training.trainer import build_trainer, make_compute_metrics
-from vanilla_transformer.training.workarounds import accelerate_launch_without_gpus
+from vanilla_transformer.training.workarounds import accelerate_launch_without_gpus, torch_cpu_bf16_flash_attention
 
 logger = logging.getLogger("train")
 
@@ -106,6 +106,15 @@ class ModelArguments:
     vocab_size: int | None = field(
         default=None,
         metadata={"help": "Vocabulary size of the tokenizer trained here (default: the preset's)."},
+    )
+    attn_implementation: str | None = field(
+        default=None,
+        metadata={
+            "help": "The attention implementation to train and evaluate with (config._attn_implementation): eager, "
+            "sdpa, or one registered with transformers' AttentionInterface. Default: transformers' (sdpa), but eager "
+            "for bf16 on a CPU, where torch's SDPA kernel trains several times slower (docs/performance.md). Not "
+            "saved with the model."
+        },
     )
     cache_dir: str | None = field(default=None, metadata={"help": "Where `datasets` caches downloaded data."})
 
@@ -364,6 +373,12 @@ def main(argv: list[str] | None = None, callbacks=None) -> dict:
     except (DataError, ValueError, OSError) as error:
         raise SystemExit(f"train.py: error: {str(error).strip().splitlines()[0]}") from None
 
+    attention = torch_cpu_bf16_flash_attention.attention_for_training(model_args.attn_implementation, training_args)
+    if attention is not None and attention != model.config._attn_implementation:
+        try:
+            model.set_attn_implementation(attention)
+        except ValueError as error:  # an implementation transformers does not know
+            raise SystemExit(f"train.py: error: {str(error).splitlines()[0]}") from None
     training_args.generation_max_length = training_args.generation_max_length or data_args.max_target_length + 1
     if model_args.model_name_or_path is None or model.generation_config.num_beams == 1:
         model.generation_config = default_generation_config(
@@ -397,6 +412,7 @@ def main(argv: list[str] | None = None, callbacks=None) -> dict:
             f"model: {parameters / 1e6:.2f}M parameters ({model_args.model_name_or_path or model_args.preset}); "
             f"{source_lang}->{target_lang}; tokenizer: {tokenizer_source}; global batch {batch}; "
             f"CPU threads {threads}; precision: {describe_precision(training_args)}; "
+            f"attention: {model.config._attn_implementation}; "
             f"parallelism: {describe_parallelism(trainer.accelerator)}"
         )
         if training_args.do_train and training_args.max_train_minutes is not None:

@@ -318,6 +318,7 @@ def test_train_translate_average_end_to_end(tmp_path):
     result = run_script("train", args, tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "train: kept 64 of 64 pairs; dropped 0" in result.stdout
+    assert "precision: float32; attention: sdpa;" in result.stdout  # transformers' default
 
     results = json.loads((out / "all_results.json").read_text())
     for key in ("train_loss", "eval_bleu", "eval_chrf", "eval_exact_match", "predict_bleu", "predict_chrf"):
@@ -366,6 +367,25 @@ def test_train_translate_average_end_to_end(tmp_path):
         expected = ((first[name].double() + second[name].double()) / 2).to(first[name].dtype)
         assert torch.equal(average[name], expected), name
     assert AutoTokenizer.from_pretrained(str(averaged_dir)).get_vocab() == tokenizer.get_vocab()
+
+
+def test_bf16_on_a_cpu_trains_with_eager_attention_unless_one_is_given(tmp_path):
+    """workarounds.torch_cpu_bf16_flash_attention: `--bf16` on a CPU trains with the eager attention, the saved model
+    loads with transformers' default (the choice is not saved), and an unknown --attn_implementation is refused in one
+    line before training."""
+    out = tmp_path / "run"
+    args = ["--output_dir", str(out), "--max_train_samples", "32", "--do_train", "--max_steps", "2"]
+    args += ["--per_device_train_batch_size", "16", "--vocab_size", "300", "--save_strategy", "no", "--bf16", "true"]
+    result = run_script("train", [*args, *TINY_MODEL], tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "precision: bf16 autocast" in result.stdout and "; attention: eager;" in result.stdout
+    assert "attn" not in (out / "config.json").read_text()
+    assert AutoModelForSeq2SeqLM.from_pretrained(str(out)).config._attn_implementation == "sdpa"
+
+    refused = run_script("train", [*args, "--attn_implementation", "nonsense", *TINY_MODEL], tmp_path)
+    assert refused.returncode != 0
+    assert re.search(r"train.py: error: .*attn_implementation=\"nonsense\"", refused.stderr)
+    assert "Traceback" not in refused.stderr and "'loss'" not in refused.stdout
 
 
 @pytest.mark.slow

@@ -33,6 +33,7 @@ from vanilla_transformer.training.workarounds import (
     accelerate_fsdp_on_cpu,
     accelerate_launch_without_gpus,
     datasets_single_process_map,
+    torch_cpu_bf16_flash_attention,
     torch_fsdp_aliased_module_load,
     torch_fsdp_class_swap,
     torch_fsdp_gathered_ties,
@@ -305,6 +306,35 @@ def gloo_worker_threads() -> int:
         with contextlib.suppress(OSError):  # a thread that ended meanwhile
             names.append(Path(f"/proc/self/task/{task}/comm").read_text().strip())
     return names.count("pt_gloo_runloop")
+
+
+def test_torch_still_runs_cpu_bf16_attention_through_the_flash_kernel():
+    """torch_cpu_bf16_flash_attention: SDPA on a CPU sends bf16 attention with a padding mask, under autocast as
+    train.py trains, to the flash-attention kernel whose bf16 backward is slow there. (Whether that backward is still
+    slow is a benchmark's question, not a timed test's: the module's docstring says which.)"""
+    from torch.profiler import ProfilerActivity, profile
+
+    query, key, value = (torch.randn(4, 2, 16, 8, requires_grad=True) for _ in range(3))
+    mask = torch.ones(4, 1, 16, 16, dtype=torch.bool)
+    mask[:, :, :, 13:] = False  # the last three keys are padding
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            output = torch.nn.functional.scaled_dot_product_attention(query, key, value, attn_mask=mask)
+        assert output.dtype == torch.bfloat16
+        output.float().sum().backward()
+    assert torch_cpu_bf16_flash_attention.SLOW_KERNEL in {event.key for event in prof.key_averages()}
+
+
+def test_bf16_training_on_a_cpu_takes_eager_attention_unless_one_is_given(tmp_path):
+    """torch_cpu_bf16_flash_attention.attention_for_training: eager for bf16 on a CPU; a given implementation always
+    wins; float32 keeps the model's own (None)."""
+    choose = torch_cpu_bf16_flash_attention.attention_for_training
+    bf16 = TrainingArguments(output_dir=str(tmp_path), bf16=True, use_cpu=True, report_to=[])
+    float32 = TrainingArguments(output_dir=str(tmp_path), use_cpu=True, report_to=[])
+    assert choose(None, bf16) == "eager"
+    assert choose("sdpa", bf16) == "sdpa"
+    assert choose(None, float32) is None
+    assert choose("eager", float32) == "eager"
 
 
 @pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="counts threads through Linux's /proc")

@@ -1,0 +1,40 @@
+"""Workaround for torch 2.13: on a CPU, SDPA sends bf16 attention to its flash-attention kernel, whose backward in
+bf16 is several times slower than the same attention written as two products and a softmax.
+
+Written for torch 2.13.0 (CPU build, installed).
+
+The limit: `torch.nn.functional.scaled_dot_product_attention` on a CPU runs bf16 inputs (autocast included), as it
+runs float32 ones, through `_scaled_dot_product_flash_attention_for_cpu`, and its backward through
+`_scaled_dot_product_flash_attention_for_cpu_backward`. In bf16, at a translation model's lengths, that backward
+dominates a training step. Measured 2026-12-03 on an Intel Xeon with AMX, one thread, the forward and backward of one
+attention (batch 32, 4 heads, head dimension 64, a padding mask): 16 tokens 19.9 ms through SDPA against 2.7 ms as
+matmul + softmax + matmul (this model's "eager" `scaled_dot_product_attention`, the paper's Eq. 1), 64 tokens 49.6
+against 16.3 ms; in float32 the two are level (2.0 against 2.8 ms, 19.6 against 21.4 ms). In the profile of a bf16
+training step of the `compact` model's size (32 pairs of 16 tokens) that backward took 38 % of the step
+(docs/performance.md).
+
+The workaround (`attention_for_training`): where train.py trains on a CPU in bf16 and no `--attn_implementation` is
+given, the model trains (and evaluates) with "eager", set by transformers' `set_attn_implementation`. The choice is
+not saved: config.json holds no attention implementation, so the saved model loads with transformers' default.
+
+It can go when torch sends CPU bf16 attention elsewhere, or when that kernel's bf16 backward is as fast as "eager":
+tests/test_workarounds.py's `test_torch_still_runs_cpu_bf16_attention_through_the_flash_kernel` fails on the first;
+`python benchmarks/run.py model_speed --sizes small --dtype bf16 --rows train_ls --attn_implementation sdpa` against
+the same with `eager` measures the second.
+"""
+
+from __future__ import annotations
+
+from transformers import TrainingArguments
+
+SLOW_KERNEL = "aten::_scaled_dot_product_flash_attention_for_cpu_backward"
+
+
+def attention_for_training(given: str | None, training_args: TrainingArguments) -> str | None:
+    """The attention implementation to train with: `given` (--attn_implementation) whenever it is given; else "eager"
+    for bf16 training on a CPU (the limit above); else None, which keeps the model's own (transformers' default)."""
+    if given is not None:
+        return given
+    if training_args.bf16 and training_args.device.type == "cpu":
+        return "eager"
+    return None
