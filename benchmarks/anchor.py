@@ -77,14 +77,23 @@ def marian_config(
     )
 
 
-def build_model(kind: str, vocab_size: int, overrides: str | None = None, dropout: float = 0.1) -> torch.nn.Module:
+def build_model(
+    kind: str,
+    vocab_size: int,
+    overrides: str | None = None,
+    dropout: float = 0.1,
+    attn_implementation: str | None = None,
+) -> torch.nn.Module:
     """MarianMTModel (OPUS-MT's architecture) or this project's model, at the anchor's size with `dropout`, with fresh
-    weights."""
+    weights, and `attn_implementation` (None: transformers' default)."""
     if kind == "marian":
-        return MarianMTModel(marian_config(vocab_size, SIZE, dropout=dropout))
+        config = marian_config(vocab_size, SIZE, dropout=dropout)
+        config._attn_implementation = attn_implementation
+        return MarianMTModel(config)
     # ReLU, scaled embeddings and the bos start token are our defaults (the paper's)
     config = VanillaTransformerConfig(vocab_size=vocab_size, **SIZE, dropout=dropout)
     config = apply_config_overrides(config, overrides)
+    config._attn_implementation = attn_implementation
     return VanillaTransformerForConditionalGeneration(config)
 
 
@@ -127,6 +136,9 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--warmup_steps", type=int, default=400)
     parser.add_argument("--dropout", type=float, default=0.1, help="P_drop of both models (OPUS-MT's: 0.1)")
     parser.add_argument("--bf16", action="store_true", help="bf16 autocast on the CPU (Trainer's --bf16)")
+    parser.add_argument(
+        "--attn_implementation", default=None, help="eager, sdpa, ... (default: transformers' own, sdpa)"
+    )
     parser.add_argument("--seed", type=int, default=42)
     parser.add_argument("--num_beams", type=int, default=4)
     args = parser.parse_args(argv)
@@ -158,7 +170,7 @@ def main(argv: list[str] | None = None) -> dict:
 
     def make_trainer(max_steps: int, output_dir: str, callbacks: list | None = None) -> Seq2SeqTrainer:
         torch.manual_seed(args.seed)  # the same initial weights for the calibration and the run
-        model = build_model(args.model, len(tokenizer), args.config_overrides, args.dropout)
+        model = build_model(args.model, len(tokenizer), args.config_overrides, args.dropout, args.attn_implementation)
         training_args = Seq2SeqTrainingArguments(
             output_dir=output_dir,
             max_steps=max_steps,
@@ -213,9 +225,11 @@ def main(argv: list[str] | None = None) -> dict:
     grouping = "-grouped" if args.group_by_length else ""
     dropout = "" if args.dropout == 0.1 else f"-dropout{args.dropout:g}"
     precision = "-bf16" if args.bf16 else ""
+    suffix = dropout + precision + (f"-{args.attn_implementation}" if args.attn_implementation else "")
     result = {
-        "recipe": f"anchor-{args.model}{grouping}-bs{args.batch_size}-lr{args.learning_rate:g}{dropout}{precision}",
+        "recipe": f"anchor-{args.model}{grouping}-bs{args.batch_size}-lr{args.learning_rate:g}{suffix}",
         "bf16": trainer.args.bf16,
+        "attn_implementation": model.config._attn_implementation,
         "seed": args.seed,
         "dropout": args.dropout,
         "steps": trainer.state.global_step,

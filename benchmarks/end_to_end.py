@@ -21,10 +21,13 @@ knowledgeable user turns on), `vanilla` (train.py, batches of `--batch_size` pai
 (`--length_chunks false`: what is left of our lead without skipping padding), `vanilla-token-batches` (train.py's
 own batching, as its `compact` default trains: length-grouped batches of at most `--max_tokens_per_batch` padded
 tokens per side), and `vanilla-grouped` (train.py on marian-grouped's batching: the training step against Marian's,
-on the same batches). `--bf16` puts every side in bf16 autocast (Trainer's `--bf16` on the CPU). A token batch holds
+on the same batches); on request, the last two with the other attention implementation: `marian-grouped-eager`
+(Marian with `attn_implementation="eager"`, what train.py picks for bf16 on a CPU) and `vanilla-grouped-sdpa`
+(train.py with `--attn_implementation sdpa`). `--bf16` puts every side in bf16 autocast (Trainer's `--bf16` on the
+CPU). A token batch holds
 a varying number of pairs, so Trainer's samples/s (steps times the batch size) does not describe it: every side also
 counts the non-padding source tokens it trained on (Trainer's stock `include_num_input_tokens_seen="non_padding"`),
-and source tokens per second over Trainer's train_runtime is the figure that compares all six. (With
+and source tokens per second over Trainer's train_runtime is the figure that compares them all. (With
 `--run_translation`, whose command line cannot ask for that count, the Marian sides' figure is samples/s times the
 corpus's mean source length, as for target tokens.)
 
@@ -49,7 +52,10 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from speed import SIZES  # noqa: E402  (d_model, layers, heads, FFN of each size)
 
 MAX_LENGTH = 256  # source and target truncation on both sides (train.py's presets)
-SIDES = ("marian", "marian-grouped", "vanilla", "vanilla-no-chunks", "vanilla-token-batches", "vanilla-grouped")
+DEFAULT_SIDES = ("marian", "marian-grouped", "vanilla", "vanilla-no-chunks", "vanilla-token-batches", "vanilla-grouped")
+# on request: the same batches as marian-grouped / vanilla-grouped with the other attention implementation (Marian with
+# the eager attention train.py picks for bf16 on a CPU, ours with transformers' default SDPA)
+SIDES = (*DEFAULT_SIDES, "marian-grouped-eager", "vanilla-grouped-sdpa")
 # the `evaluate` metric module run_translation.py loads by name (evaluate.load("sacrebleu")), offline: the only use of
 # `evaluate` in the project (the test extra installs it)
 SACREBLEU_METRIC = os.path.join(os.path.dirname(os.path.abspath(__file__)), "metrics", "sacrebleu.py")
@@ -73,8 +79,8 @@ def parse_arguments(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--run_translation", help="transformers' run_translation.py: run it for the Marian side")
     parser.add_argument("--seed", type=int, default=42)
     parser.add_argument("--bf16", action="store_true", help="every side in bf16 autocast (Trainer's --bf16 on the CPU)")
-    parser.add_argument("--sides", default=",".join(SIDES), help=f"Comma-separated, of: {', '.join(SIDES)}")
-    parser.add_argument("--child", choices=("marian", "marian-grouped"), help=argparse.SUPPRESS)
+    parser.add_argument("--sides", default=",".join(DEFAULT_SIDES), help=f"Comma-separated, of: {', '.join(SIDES)}")
+    parser.add_argument("--child", choices=("marian", "marian-grouped", "marian-grouped-eager"), help=argparse.SUPPRESS)
     parser.add_argument("--run_dir", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.run_translation and not os.path.isfile(args.run_translation):
@@ -86,6 +92,8 @@ def parse_arguments(argv: list[str] | None) -> argparse.Namespace:
     unknown = [side for side in args.sides if side not in SIDES]
     if unknown or not args.sides:
         parser.error(f"--sides {unknown or args.sides}: choose among {', '.join(SIDES)}")
+    if args.run_translation and "marian-grouped-eager" in args.sides:
+        parser.error("--sides marian-grouped-eager: run_translation.py cannot be given an attention implementation")
     return args
 
 
@@ -108,9 +116,11 @@ def marian_config(args: argparse.Namespace, tokenizer):
     )
 
 
-def train_marian(args: argparse.Namespace, group_by_length: bool = False) -> None:
+def train_marian(
+    args: argparse.Namespace, group_by_length: bool = False, attn_implementation: str | None = None
+) -> None:
     """The child process: MarianMTModel trained as run_translation.py trains it (with `group_by_length`, Trainer's
-    stock length-grouped sampler); writes all_results.json."""
+    stock length-grouped sampler; `attn_implementation`, else transformers' default); writes all_results.json."""
     import torch
     from datasets import load_dataset
     from transformers import (
@@ -125,7 +135,7 @@ def train_marian(args: argparse.Namespace, group_by_length: bool = False) -> Non
     torch.set_num_threads(1)
     set_seed(args.seed)
     tokenizer = AutoTokenizer.from_pretrained(os.path.join(args.output_dir, "tokenizer"))
-    model = AutoModelForSeq2SeqLM.from_config(marian_config(args, tokenizer))
+    model = AutoModelForSeq2SeqLM.from_config(marian_config(args, tokenizer), attn_implementation=attn_implementation)
     src, tgt = args.source_lang, args.target_lang
 
     def tokenize(batch):
@@ -157,10 +167,12 @@ def ours_command(
     length_chunks: bool | None = None,
     token_batches: bool = False,
     grouped: bool = False,
+    attn_implementation: str | None = None,
 ) -> list[str]:
     """train.py with the Marian side's settings; `length_chunks` False/True sets --length_chunks (None: its default);
     `token_batches` replaces the batches of `--batch_size` pairs by train.py's token batches; `grouped` draws them
-    with Trainer's stock `--train_sampling_strategy group_by_length`, as the marian-grouped side does.
+    with Trainer's stock `--train_sampling_strategy group_by_length`, as the marian-grouped side does;
+    `attn_implementation` sets --attn_implementation (None: train.py's choice).
 
     The arguments go to train.py as its one JSON file (`run_dir/args.json`, written here): transformers 5.24's
     HfArgumentParser reads a `str | bool` field such as `include_num_input_tokens_seen` as a boolean on the command
@@ -182,6 +194,8 @@ def ours_command(
         values["max_tokens_per_batch"] = args.max_tokens_per_batch
     if grouped:
         values["train_sampling_strategy"] = "group_by_length"
+    if attn_implementation is not None:
+        values["attn_implementation"] = attn_implementation
     if args.bf16:
         values["bf16"] = True
     os.makedirs(run_dir, exist_ok=True)
@@ -277,7 +291,8 @@ def run(command: list[str], run_dir: str, results_dir: str | None = None, cwd: s
 def main(argv: list[str] | None = None) -> dict:
     args = parse_arguments(argv)
     if args.child is not None:
-        train_marian(args, group_by_length=args.child == "marian-grouped")
+        attention = "eager" if args.child.endswith("-eager") else None
+        train_marian(args, group_by_length=args.child.startswith("marian-grouped"), attn_implementation=attention)
         return {}
     from vanilla_transformer.training.tokenizer import train_tokenizer
 
@@ -299,8 +314,9 @@ def main(argv: list[str] | None = None) -> dict:
             os.makedirs(run_dir, exist_ok=True)
             if side.startswith("vanilla"):
                 chunks = False if side == "vanilla-no-chunks" else None
-                token_batches, grouped = side == "vanilla-token-batches", side == "vanilla-grouped"
-                command = ours_command(args, run_dir, chunks, token_batches=token_batches, grouped=grouped)
+                token_batches, grouped = side == "vanilla-token-batches", side.startswith("vanilla-grouped")
+                attention = "sdpa" if side.endswith("-sdpa") else None
+                command = ours_command(args, run_dir, chunks, token_batches, grouped, attention)
                 result = run(command, run_dir)
             elif args.run_translation:
                 command = run_translation_command(args, run_dir, group_by_length=side == "marian-grouped")

@@ -14,7 +14,7 @@ end_to_end = load_script("end_to_end", folder="benchmarks")
 
 def test_each_side_asks_for_its_batching(tmp_path):
     args = end_to_end.parse_arguments(["--data_dir", str(tmp_path), "--run_translation", __file__])
-    assert args.sides == list(end_to_end.SIDES)
+    assert args.sides == list(end_to_end.DEFAULT_SIDES)
     train = load_script("train")
     chunks = {None: None, False: False, True: True}
     for given, expected in chunks.items():
@@ -37,6 +37,10 @@ def test_each_side_asks_for_its_batching(tmp_path):
     parsed = train.parse_arguments(command[2:])[2]  # vanilla-grouped: Trainer's stock sampler, as marian-grouped
     assert parsed.train_sampling_strategy == "group_by_length" and parsed.max_tokens_per_batch is None
     assert parsed.bf16 is False  # float32 on both sides unless --bf16, whatever the CPU
+    assert train.parse_arguments(command[2:])[0].attn_implementation is None  # train.py's choice
+    command = end_to_end.ours_command(args, str(tmp_path / "run"), grouped=True, attn_implementation="sdpa")
+    model_args, _, parsed, _ = train.parse_arguments(command[2:])  # vanilla-grouped-sdpa
+    assert model_args.attn_implementation == "sdpa" and parsed.train_sampling_strategy == "group_by_length"
     half = end_to_end.parse_arguments(["--data_dir", str(tmp_path), "--run_translation", __file__, "--bf16"])
     assert train.parse_arguments(end_to_end.ours_command(half, str(tmp_path / "run"))[2:])[2].bf16 is True
     command = end_to_end.run_translation_command(half, str(tmp_path / "run"), group_by_length=True)
@@ -48,6 +52,10 @@ def test_each_side_asks_for_its_batching(tmp_path):
     assert chosen.sides == ["marian-grouped", "vanilla"]
     with pytest.raises(SystemExit):
         end_to_end.parse_arguments(["--data_dir", str(tmp_path), "--sides", "marian,ours"])
+    eager = ["--data_dir", str(tmp_path), "--sides", "marian-grouped-eager,vanilla-grouped-sdpa"]
+    assert end_to_end.parse_arguments(eager).sides == ["marian-grouped-eager", "vanilla-grouped-sdpa"]
+    with pytest.raises(SystemExit):  # run_translation.py has no flag for it
+        end_to_end.parse_arguments([*eager, "--run_translation", __file__])
 
 
 def test_tokens_per_second_counts_the_targets_as_trained(tmp_path):
