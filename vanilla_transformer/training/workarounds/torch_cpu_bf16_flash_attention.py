@@ -7,9 +7,9 @@ The limit: `torch.nn.functional.scaled_dot_product_attention` on a CPU runs bf16
 runs float32 ones, through `_scaled_dot_product_flash_attention_for_cpu`, and its backward through
 `_scaled_dot_product_flash_attention_for_cpu_backward`. In bf16, at a translation model's lengths, that backward
 dominates a training step. Measured 2026-12-03 on an Intel Xeon with AMX, one thread, the forward and backward of one
-attention (batch 32, 4 heads, head dimension 64, a padding mask): 16 tokens 19.9 ms through SDPA against 2.7 ms as
-matmul + softmax + matmul (this model's "eager" `scaled_dot_product_attention`, the paper's Eq. 1), 64 tokens 49.6
-against 16.3 ms; in float32 the two are level (2.0 against 2.8 ms, 19.6 against 21.4 ms). In the profile of a bf16
+attention (batch 32, 4 heads, head dimension 64, a padding mask): 16 tokens 9.82 ms through SDPA against 1.30 ms as
+matmul + softmax + matmul (this model's "eager" `scaled_dot_product_attention`, the paper's Eq. 1), 64 tokens 23.36
+against 6.83 ms; in float32 the two are level (1.08 against 1.40 ms, 8.33 against 7.65 ms). In the profile of a bf16
 training step of the `compact` model's size (32 pairs of 16 tokens) that backward took 38 % of the step
 (docs/performance.md).
 
