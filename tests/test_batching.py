@@ -443,6 +443,30 @@ def test_trainer_step_in_chunks_gives_the_gradient_of_the_whole_batch(tmp_path, 
     assert counted == [1]
 
 
+def test_automatic_length_chunks_leave_batches_of_similar_length_whole(tmp_path, one_thread):
+    """By default a CPU process chunks batches drawn at random, not token batches or Trainer's length groups, which
+    are of similar length already (there a second pass costs more than the padding it saves: docs/training.md); a
+    flag the user gives decides either way. Measured by the passes over one batch of mixed lengths."""
+    tokenizer = word_tokenizer(WORDS)
+    batch = DataCollatorForSeq2Seq(tokenizer, label_pad_token_id=-100)(tokenized_pairs(tokenizer, 32))
+    batch["decoder_input_ids"] = model_for(tokenizer).prepare_decoder_input_ids_from_labels(batch["labels"])
+    num_items = (batch["labels"] != -100).sum()
+
+    def passes(strategy: str = "random", **kwargs) -> int:
+        args = training_args(tmp_path, train_sampling_strategy=strategy)
+        model = model_for(tokenizer)
+        trainer = TokenBatchingSeq2SeqTrainer(model=model, args=args, **kwargs)
+        calls = []
+        model.register_forward_pre_hook(lambda module, inputs: calls.append(1))
+        trainer.training_step(model, dict(batch), num_items_in_batch=num_items)
+        return len(calls)
+
+    assert passes() > 1  # sentences drawn at random: chunks
+    assert passes("group_by_length") == 1
+    assert passes(max_tokens_per_batch=64) == 1
+    assert passes("group_by_length", length_chunks=True) == passes() > 1  # asked for: chunks all the same
+
+
 def test_length_chunks_can_be_turned_off_and_several_processes_use_the_agreed_count(tmp_path, one_thread):
     """--length_chunks false runs every batch whole; `agree` (several processes: the fewest chunks any of them chose)
     decides how many chunks a batch is cut into, and is asked even for a batch that cannot be split."""
