@@ -112,8 +112,8 @@ class ModelArguments:
         metadata={
             "help": "The attention implementation to train and evaluate with (config._attn_implementation): eager, "
             "sdpa, or one registered with transformers' AttentionInterface. Default: transformers' (sdpa), but eager "
-            "for bf16 on a CPU, where torch's SDPA kernel trains several times slower (docs/performance.md). Not "
-            "saved with the model."
+            "to train in bf16 on a CPU, where torch's SDPA kernel trains several times slower (docs/performance.md); "
+            "evaluation after training then decodes with sdpa. Not saved with the model."
         },
     )
     cache_dir: str | None = field(default=None, metadata={"help": "Where `datasets` caches downloaded data."})
@@ -373,8 +373,14 @@ def main(argv: list[str] | None = None, callbacks=None) -> dict:
     except (DataError, ValueError, OSError) as error:
         raise SystemExit(f"train.py: error: {str(error).strip().splitlines()[0]}") from None
 
-    attention = torch_cpu_bf16_flash_attention.attention_for_training(model_args.attn_implementation, training_args)
-    if attention is not None and attention != model.config._attn_implementation:
+    given_attention = model_args.attn_implementation
+    decoding_attention = torch_cpu_bf16_flash_attention.attention_for_decoding(
+        given_attention, model.config._attn_implementation
+    )
+    attention = decoding_attention
+    if training_args.do_train:
+        attention = torch_cpu_bf16_flash_attention.attention_for_training(given_attention, training_args) or attention
+    if attention != model.config._attn_implementation:
         try:
             model.set_attn_implementation(attention)
         except ValueError as error:  # an implementation transformers does not know
@@ -412,7 +418,9 @@ def main(argv: list[str] | None = None, callbacks=None) -> dict:
             f"model: {parameters / 1e6:.2f}M parameters ({model_args.model_name_or_path or model_args.preset}); "
             f"{source_lang}->{target_lang}; tokenizer: {tokenizer_source}; global batch {batch}; "
             f"CPU threads {threads}; precision: {describe_precision(training_args)}; "
-            f"attention: {model.config._attn_implementation}; "
+            f"attention: {model.config._attn_implementation}"
+            + (f" (decoding: {decoding_attention})" if decoding_attention != attention else "")
+            + "; "
             f"parallelism: {describe_parallelism(trainer.accelerator)}"
         )
         if training_args.do_train and training_args.max_train_minutes is not None:
@@ -438,6 +446,8 @@ def main(argv: list[str] | None = None, callbacks=None) -> dict:
         trainer.save_metrics("train", metrics)
         trainer.save_state()
         all_metrics.update(metrics)
+    if decoding_attention != model.config._attn_implementation:
+        model.set_attn_implementation(decoding_attention)  # the training attention was for the backward pass
     if training_args.do_eval:
         metrics = trainer.evaluate(metric_key_prefix="eval")
         metrics["eval_samples"] = len(tokenized["validation"])

@@ -378,7 +378,7 @@ def test_bf16_on_a_cpu_trains_with_eager_attention_unless_one_is_given(tmp_path)
     args += ["--per_device_train_batch_size", "16", "--vocab_size", "300", "--save_strategy", "no", "--bf16", "true"]
     result = run_script("train", [*args, *TINY_MODEL], tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
-    assert "precision: bf16 autocast" in result.stdout and "; attention: eager;" in result.stdout
+    assert "precision: bf16 autocast" in result.stdout and "; attention: eager (decoding: sdpa);" in result.stdout
     assert "attn" not in (out / "config.json").read_text()
     assert AutoModelForSeq2SeqLM.from_pretrained(str(out)).config._attn_implementation == "sdpa"
 
@@ -386,6 +386,36 @@ def test_bf16_on_a_cpu_trains_with_eager_attention_unless_one_is_given(tmp_path)
     assert refused.returncode != 0
     assert re.search(r"train.py: error: .*attn_implementation=\"nonsense\"", refused.stderr)
     assert "Traceback" not in refused.stderr and "'loss'" not in refused.stdout
+
+
+class AttentionSeen(TrainerCallback):
+    """Records the model's attention implementation in training steps and in evaluation or prediction batches."""
+
+    def __init__(self) -> None:
+        self.training, self.decoding = set(), set()
+
+    def on_step_begin(self, args, state, control, model=None, **kwargs):
+        self.training.add(model.config._attn_implementation)
+
+    def on_prediction_step(self, args, state, control, model=None, **kwargs):
+        self.decoding.add(model.config._attn_implementation)
+
+
+def test_bf16_on_a_cpu_decodes_with_the_default_attention_once_training_is_over(tmp_path):
+    """workarounds.torch_cpu_bf16_flash_attention: the eager attention is for training's backward pass; the
+    evaluation and prediction after it decode with transformers' default (sdpa). A given --attn_implementation is used
+    for both."""
+    train_script = load_script("train")
+    argv = ["--output_dir", str(tmp_path / "run"), "--do_train", "--do_eval", "--do_predict", "--max_steps", "2"]
+    argv += ["--max_train_samples", "16", "--max_eval_samples", "4", "--max_predict_samples", "4"]
+    argv += ["--per_device_train_batch_size", "8", "--vocab_size", "300", "--save_strategy", "no", "--bf16", "true"]
+    argv += ["--config_overrides", TINY_OVERRIDES, "--disable_tqdm", "true", "--report_to", "none", "--use_cpu"]
+    argv += ["--generation_max_length", "8", "--threads", "1"]
+    chosen, given = AttentionSeen(), AttentionSeen()
+    train_script.main(argv, callbacks=[chosen])
+    assert chosen.training == {"eager"} and chosen.decoding == {"sdpa"}
+    train_script.main([*argv, "--attn_implementation", "eager"], callbacks=[given])
+    assert given.training == given.decoding == {"eager"}
 
 
 @pytest.mark.slow
