@@ -183,7 +183,10 @@ def test_accelerate_still_leaves_a_launched_process_alone_without_gpus(monkeypat
 
     for name, value in zip(LAUNCH_ENV, ("127.0.0.1", str(free_port()), "0", "2", "0", "2")):
         monkeypatch.setenv(name, value)
-    monkeypatch.delenv("ACCELERATE_USE_CPU", raising=False)
+    # set, then removed: monkeypatch then removes again, at the end, what the workaround sets (a bare delenv of an
+    # unset variable records nothing, and ACCELERATE_USE_CPU=true would reach every later test of the process)
+    monkeypatch.setenv("ACCELERATE_USE_CPU", "false")
+    monkeypatch.delenv("ACCELERATE_USE_CPU")
     state = SimpleNamespace()  # _prepare_backend reads nothing of its state
     assert PartialState._prepare_backend(state, cpu=False) == (None, DistributedType.NO)
     assert PartialState._prepare_backend(state, cpu=True) == ("gloo", DistributedType.MULTI_CPU)
