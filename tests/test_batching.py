@@ -444,16 +444,17 @@ def test_trainer_step_in_chunks_gives_the_gradient_of_the_whole_batch(tmp_path, 
 
 
 def test_automatic_length_chunks_leave_batches_of_similar_length_whole(tmp_path, one_thread):
-    """By default a CPU process chunks batches drawn at random, not token batches or Trainer's length groups, which
-    are of similar length already (there a second pass costs more than the padding it saves: docs/training.md); a
-    flag the user gives decides either way. Measured by the passes over one batch of mixed lengths."""
+    """By default a CPU process chunks batches drawn at random in float32; not token batches or Trainer's length
+    groups, which are of similar length already, nor in bf16 (where a second pass costs more than the padding it
+    saves: docs/training.md); a flag the user gives decides either way. Measured by the passes over one batch of mixed
+    lengths."""
     tokenizer = word_tokenizer(WORDS)
     batch = DataCollatorForSeq2Seq(tokenizer, label_pad_token_id=-100)(tokenized_pairs(tokenizer, 32))
     batch["decoder_input_ids"] = model_for(tokenizer).prepare_decoder_input_ids_from_labels(batch["labels"])
     num_items = (batch["labels"] != -100).sum()
 
-    def passes(strategy: str = "random", **kwargs) -> int:
-        args = training_args(tmp_path, train_sampling_strategy=strategy)
+    def passes(strategy: str = "random", bf16: bool = False, **kwargs) -> int:
+        args = training_args(tmp_path, train_sampling_strategy=strategy, bf16=bf16)
         model = model_for(tokenizer)
         trainer = TokenBatchingSeq2SeqTrainer(model=model, args=args, **kwargs)
         calls = []
@@ -464,6 +465,8 @@ def test_automatic_length_chunks_leave_batches_of_similar_length_whole(tmp_path,
     assert passes() > 1  # sentences drawn at random: chunks
     assert passes("group_by_length") == 1
     assert passes(max_tokens_per_batch=64) == 1
+    assert passes(bf16=True) == 1
+    assert passes(bf16=True, length_chunks=True) > 1
     assert passes("group_by_length", length_chunks=True) == passes() > 1  # asked for: chunks all the same
 
 

@@ -372,9 +372,9 @@ class TokenBatchingSeq2SeqTrainer(Seq2SeqTrainer):
     of similar length (``split_padded_batch``), forward and backward each, before the one optimizer step: the same
     batch and, with ``num_items_in_batch``, the same gradient, for fewer padded positions. ``length_chunks``: True or
     False; None (default: ``args.length_chunks`` where the training arguments have it, else automatic) chunks on CPU
-    only, where it was measured to pay (docs/training.md), and not batches that are already of similar length (token
-    batches, ``train_sampling_strategy="group_by_length"``). Several processes agree on each batch's number of chunks
-    (the fewest any of them chose), so that they run the same number of passes.
+    only, in float32, where it was measured to pay (docs/training.md), and not batches that are already of similar
+    length (token batches, ``train_sampling_strategy="group_by_length"``). Several processes agree on each batch's
+    number of chunks (the fewest any of them chose), so that they run the same number of passes.
     """
 
     def __init__(
@@ -389,10 +389,12 @@ class TokenBatchingSeq2SeqTrainer(Seq2SeqTrainer):
         if length_chunks is None:
             length_chunks = getattr(self.args, "length_chunks", None)
         if length_chunks is None:
-            # token batches and Trainer's length groups are of similar length already: a second pass would cost
-            # more than the padding it saves (docs/training.md)
+            # where a second pass costs more than the padding it saves (docs/training.md): token batches and
+            # Trainer's length groups are of similar length already, and in half precision a CPU computes a padded
+            # token so fast that the extra passes cost more than the padding
             grouped = max_tokens_per_batch is not None or self.args.train_sampling_strategy == "group_by_length"
-            length_chunks = self.args.device.type == "cpu" and not grouped
+            half = self.args.bf16 or self.args.fp16
+            length_chunks = self.args.device.type == "cpu" and not grouped and not half
         self.length_chunks = bool(length_chunks)
 
     def create_scheduler(self, num_training_steps: int, optimizer: torch.optim.Optimizer | None = None):
