@@ -75,6 +75,8 @@ def parse_arguments(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--max_tokens_per_batch", type=int, default=512, help="vanilla-token-batches' batches "
                         "(train.py's compact default: 512)")  # fmt: skip
     parser.add_argument("--learning_rate", type=float, default=5e-4)
+    parser.add_argument("--dropout", type=float, default=0.1, help="every side's P_drop: 0.1 is Marian's stock "
+                        "value; 0 is train.py's compact default and the strongest anchor's tuned value")  # fmt: skip
     parser.add_argument("--pairs", type=int, default=2, help="Marian/ours runs, interleaved")
     parser.add_argument("--run_translation", help="transformers' run_translation.py: run it for the Marian side")
     parser.add_argument("--seed", type=int, default=42)
@@ -88,6 +90,8 @@ def parse_arguments(argv: list[str] | None) -> argparse.Namespace:
     for name in ("max_steps", "batch_size", "max_tokens_per_batch", "pairs", "vocab_size"):
         if getattr(args, name) < 1:
             parser.error(f"--{name} must be a positive integer")
+    if not 0.0 <= args.dropout < 1.0:
+        parser.error(f"--dropout {args.dropout} must be in [0, 1)")
     args.sides = [side.strip() for side in args.sides.split(",") if side.strip()]
     unknown = [side for side in args.sides if side not in SIDES]
     if unknown or not args.sides:
@@ -98,7 +102,7 @@ def parse_arguments(argv: list[str] | None) -> argparse.Namespace:
 
 
 def marian_config(args: argparse.Namespace, tokenizer):
-    """The Marian side's model: the size asked for, ReLU, dropout 0.1, the tokenizer's vocabulary and special ids."""
+    """The Marian side's model: the size asked for, ReLU, --dropout, the tokenizer's vocabulary and special ids."""
     from transformers import MarianConfig
 
     vocab = len(tokenizer)
@@ -107,7 +111,7 @@ def marian_config(args: argparse.Namespace, tokenizer):
         decoder_vocab_size=vocab,
         **SIZES[args.size].layout(),
         activation_function="relu",
-        dropout=0.1,
+        dropout=args.dropout,
         max_position_embeddings=MAX_LENGTH + 2,
         scale_embedding=True,
         pad_token_id=tokenizer.pad_token_id,
@@ -178,8 +182,9 @@ def ours_command(
     HfArgumentParser reads a `str | bool` field such as `include_num_input_tokens_seen` as a boolean on the command
     line, so `non_padding` can only be given that way."""
     overrides = ",".join(f"{key}={value}" for key, value in SIZES[args.size].layout().items())
+    overrides += f",dropout={args.dropout},max_position_embeddings={MAX_LENGTH}"
     values = {
-        "preset": "base", "config_overrides": f"{overrides},dropout=0.1,max_position_embeddings={MAX_LENGTH}",
+        "preset": "base", "config_overrides": overrides,
         "train_file": os.path.join(args.data_dir, "train.jsonl"), "source_lang": args.source_lang,
         "target_lang": args.target_lang, "tokenizer_name": os.path.join(args.output_dir, "tokenizer"),
         "max_source_length": MAX_LENGTH, "max_target_length": MAX_LENGTH, "do_train": True, "output_dir": run_dir,

@@ -100,3 +100,21 @@ def test_train_py_counts_the_source_tokens_it_trained_on(tmp_path):
     assert end_to_end.source_tokens_seen(run_dir) == expected
     assert expected == pytest.approx(len(pairs) * end_to_end.mean_target_tokens(args, pairs, side="source"))
     assert end_to_end.source_tokens_seen(str(tmp_path)) is None  # no trainer state: nothing counted
+
+
+def test_dropout_reaches_both_sides_and_is_checked(tmp_path):
+    """--dropout sets every side's P_drop: 0.1 by default (Marian's stock value), 0 for the strongest anchor's tuned
+    value and train.py's compact default; outside [0, 1) it is refused."""
+
+    class Tokenizer(list):
+        pad_token_id, eos_token_id = 0, 2
+
+    train = load_script("train")
+    for given, expected in ((None, 0.1), ("0", 0.0)):
+        flags = [] if given is None else ["--dropout", given]
+        args = end_to_end.parse_arguments(["--data_dir", str(tmp_path), *flags])
+        assert end_to_end.marian_config(args, Tokenizer(range(300))).dropout == expected
+        overrides = train.parse_arguments(end_to_end.ours_command(args, str(tmp_path / "run"))[2:])[0].config_overrides
+        assert f"dropout={expected}," in overrides
+    with pytest.raises(SystemExit):
+        end_to_end.parse_arguments(["--data_dir", str(tmp_path), "--dropout", "1.5"])
