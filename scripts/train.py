@@ -373,13 +373,12 @@ def main(argv: list[str] | None = None, callbacks=None) -> dict:
     except (DataError, ValueError, OSError) as error:
         raise SystemExit(f"train.py: error: {str(error).strip().splitlines()[0]}") from None
 
-    given_attention = model_args.attn_implementation
-    decoding_attention = torch_cpu_bf16_flash_attention.attention_for_decoding(
-        given_attention, model.config._attn_implementation
-    )
+    # a given --attn_implementation serves training and decoding; else the workaround may pick one for training only
+    decoding_attention = model_args.attn_implementation or model.config._attn_implementation
     attention = decoding_attention
     if training_args.do_train:
-        attention = torch_cpu_bf16_flash_attention.attention_for_training(given_attention, training_args) or attention
+        chosen = torch_cpu_bf16_flash_attention.attention_for_training(model_args.attn_implementation, training_args)
+        attention = chosen or attention
     if attention != model.config._attn_implementation:
         try:
             model.set_attn_implementation(attention)

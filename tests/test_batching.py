@@ -443,24 +443,33 @@ def test_trainer_step_in_chunks_gives_the_gradient_of_the_whole_batch(tmp_path, 
     assert counted == [1]
 
 
+def mixed_length_batch(tokenizer) -> tuple[dict, torch.Tensor]:
+    """32 pairs of 1-14 words padded together, with their decoder inputs, and the count of labelled tokens."""
+    batch = DataCollatorForSeq2Seq(tokenizer, label_pad_token_id=-100)(tokenized_pairs(tokenizer, 32))
+    batch["decoder_input_ids"] = model_for(tokenizer).prepare_decoder_input_ids_from_labels(batch["labels"])
+    return batch, (batch["labels"] != -100).sum()
+
+
+def forward_passes(trainer: TokenBatchingSeq2SeqTrainer, batch: dict, num_items: torch.Tensor) -> int:
+    """The forward passes of the trainer's model in one training step over `batch`."""
+    calls = []
+    trainer.model.register_forward_pre_hook(lambda module, inputs: calls.append(1))
+    trainer.training_step(trainer.model, dict(batch), num_items_in_batch=num_items)
+    return len(calls)
+
+
 def test_automatic_length_chunks_leave_batches_of_similar_length_whole(tmp_path, one_thread):
     """By default a CPU process chunks batches drawn at random in float32; not token batches or Trainer's length
     groups, which are of similar length already, nor in bf16 (where a second pass costs more than the padding it
     saves: docs/training.md); a flag the user gives decides either way. Measured by the passes over one batch of mixed
     lengths."""
     tokenizer = word_tokenizer(WORDS)
-    batch = DataCollatorForSeq2Seq(tokenizer, label_pad_token_id=-100)(tokenized_pairs(tokenizer, 32))
-    batch["decoder_input_ids"] = model_for(tokenizer).prepare_decoder_input_ids_from_labels(batch["labels"])
-    num_items = (batch["labels"] != -100).sum()
+    batch, num_items = mixed_length_batch(tokenizer)
 
     def passes(strategy: str = "random", bf16: bool = False, **kwargs) -> int:
         args = training_args(tmp_path, train_sampling_strategy=strategy, bf16=bf16)
-        model = model_for(tokenizer)
-        trainer = TokenBatchingSeq2SeqTrainer(model=model, args=args, **kwargs)
-        calls = []
-        model.register_forward_pre_hook(lambda module, inputs: calls.append(1))
-        trainer.training_step(model, dict(batch), num_items_in_batch=num_items)
-        return len(calls)
+        trainer = TokenBatchingSeq2SeqTrainer(model=model_for(tokenizer), args=args, **kwargs)
+        return forward_passes(trainer, batch, num_items)
 
     assert passes() > 1  # sentences drawn at random: chunks
     assert passes("group_by_length") == 1
@@ -476,19 +485,13 @@ def test_length_chunks_can_be_turned_off_and_several_processes_use_the_agreed_co
     from vanilla_transformer.training.arguments import TranslationTrainingArguments
 
     tokenizer = word_tokenizer(WORDS)
-    batch = DataCollatorForSeq2Seq(tokenizer, label_pad_token_id=-100)(tokenized_pairs(tokenizer, 32))
-    batch["decoder_input_ids"] = model_for(tokenizer).prepare_decoder_input_ids_from_labels(batch["labels"])
-    num_items = (batch["labels"] != -100).sum()
+    batch, num_items = mixed_length_batch(tokenizer)
     passes = {}
     for flag in (None, "true", "false"):
         values = {} if flag is None else {"length_chunks": flag == "true"}
         args = TranslationTrainingArguments(output_dir=str(tmp_path), use_cpu=True, report_to="none", **values)
-        model = model_for(tokenizer)
-        trainer = TokenBatchingSeq2SeqTrainer(model=model, args=args)
-        calls = []
-        model.register_forward_pre_hook(lambda module, inputs, calls=calls: calls.append(1))
-        trainer.training_step(model, dict(batch), num_items_in_batch=num_items)
-        passes[flag] = len(calls)
+        trainer = TokenBatchingSeq2SeqTrainer(model=model_for(tokenizer), args=args)
+        passes[flag] = forward_passes(trainer, batch, num_items)
     assert passes["true"] == passes[None] > 1 and passes["false"] == 1  # on CPU the default is on
     off = TokenBatchingSeq2SeqTrainer(model=model_for(tokenizer), args=training_args(tmp_path), length_chunks=False)
     assert not off.chunks_keep_the_gradient(num_items)

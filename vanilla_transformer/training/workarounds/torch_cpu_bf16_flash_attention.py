@@ -17,7 +17,7 @@ The workaround (`attention_for_training`): where train.py trains on a CPU in bf1
 given, the model trains with "eager", set by transformers' `set_attn_implementation`. Decoding has no backward pass,
 and there SDPA is the faster one (the 1,001 test sentences of the French corpus, beam 4, bf16, one thread: 17.4 s
 against 20.1 s with eager, 2026-12-03): so once training is over, the model decodes with the implementation it had
-before (`attention_for_decoding`; evaluations during training keep the training one). The choice is not saved:
+before (evaluations during training keep the training one). The choice is not saved:
 config.json holds no attention implementation, so the saved model loads with transformers' default.
 
 It can go when torch sends CPU bf16 attention elsewhere, or when that kernel's bf16 backward is as fast as "eager":
@@ -41,10 +41,3 @@ def attention_for_training(given: str | None, training_args: TrainingArguments) 
     if training_args.bf16 and training_args.device.type == "cpu":
         return "eager"
     return None
-
-
-def attention_for_decoding(given: str | None, default: str) -> str:
-    """The attention implementation to evaluate and predict with once training is over: `given` (--attn_implementation)
-    whenever it is given; else the model's own `default` (what it had before `attention_for_training`), since the
-    limit above is in the backward pass only."""
-    return given if given is not None else default
