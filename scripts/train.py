@@ -405,6 +405,7 @@ def main(argv: list[str] | None = None, callbacks=None) -> dict:
         raise SystemExit(f"train.py: error: {' '.join(str(error).split())}") from None
 
     if is_main:
+        decodes_after = training_args.do_eval or training_args.do_predict  # with the decoding attention
         parameters = sum(p.numel() for p in model.parameters())
         per_device, accumulation = training_args.per_device_train_batch_size, training_args.gradient_accumulation_steps
         scale = f"x {training_args.world_size} processes x {accumulation} accumulation steps"
@@ -418,7 +419,7 @@ def main(argv: list[str] | None = None, callbacks=None) -> dict:
             f"{source_lang}->{target_lang}; tokenizer: {tokenizer_source}; global batch {batch}; "
             f"CPU threads {threads}; precision: {describe_precision(training_args)}; "
             f"attention: {model.config._attn_implementation}"
-            + (f" (decoding: {decoding_attention})" if decoding_attention != attention else "")
+            + (f" (decoding: {decoding_attention})" if decodes_after and decoding_attention != attention else "")
             + "; "
             f"parallelism: {describe_parallelism(trainer.accelerator)}"
         )

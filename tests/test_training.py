@@ -378,7 +378,8 @@ def test_bf16_on_a_cpu_trains_with_eager_attention_unless_one_is_given(tmp_path)
     args += ["--per_device_train_batch_size", "16", "--vocab_size", "300", "--save_strategy", "no", "--bf16", "true"]
     result = run_script("train", [*args, *TINY_MODEL], tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
-    assert "precision: bf16 autocast" in result.stdout and "; attention: eager (decoding: sdpa);" in result.stdout
+    # trained only: nothing is decoded afterwards, so no decoding attention is announced
+    assert "precision: bf16 autocast" in result.stdout and "; attention: eager;" in result.stdout
     assert "attn" not in (out / "config.json").read_text()
     assert AutoModelForSeq2SeqLM.from_pretrained(str(out)).config._attn_implementation == "sdpa"
 
@@ -401,7 +402,7 @@ class AttentionSeen(TrainerCallback):
         self.decoding.add(model.config._attn_implementation)
 
 
-def test_bf16_on_a_cpu_decodes_with_the_default_attention_once_training_is_over(tmp_path):
+def test_bf16_on_a_cpu_decodes_with_the_default_attention_once_training_is_over(tmp_path, capsys):
     """workarounds.torch_cpu_bf16_flash_attention: the eager attention is for training's backward pass; the
     evaluation and prediction after it decode with transformers' default (sdpa). A given --attn_implementation is used
     for both."""
@@ -414,8 +415,10 @@ def test_bf16_on_a_cpu_decodes_with_the_default_attention_once_training_is_over(
     chosen, given = AttentionSeen(), AttentionSeen()
     train_script.main(argv, callbacks=[chosen])
     assert chosen.training == {"eager"} and chosen.decoding == {"sdpa"}
+    assert "; attention: eager (decoding: sdpa);" in capsys.readouterr().out
     train_script.main([*argv, "--attn_implementation", "eager"], callbacks=[given])
     assert given.training == given.decoding == {"eager"}
+    assert "; attention: eager;" in capsys.readouterr().out
 
 
 @pytest.mark.slow
