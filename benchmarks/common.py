@@ -1,9 +1,15 @@
-"""What the benchmark drivers share: the corpus files, test-set BLEU by beam search, the one-line result."""
+"""What the benchmark drivers share: the corpus files, test-set BLEU by beam search, the one-line result and what
+made it."""
 
 from __future__ import annotations
 
+import datetime
 import json
 import os
+import platform
+import shlex
+import subprocess
+import sys
 
 import sacrebleu
 import torch
@@ -38,8 +44,40 @@ def result_line(result: dict) -> str:
     return "result: " + "  ".join(f"{key}={result[key]}" for key in keys if key in result)
 
 
+def provenance() -> dict:
+    """What made a result: the command line, the commit of this repository ("+changes" when the working tree differs
+    from it, None outside a git checkout), the UTC time, the CPU and torch."""
+    import torch
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+    def git(*arguments: str) -> str | None:
+        try:
+            done = subprocess.run(["git", "-C", root, *arguments], capture_output=True, text=True, timeout=30)
+        except (OSError, subprocess.TimeoutExpired):
+            return None
+        return done.stdout.strip() if done.returncode == 0 else None
+
+    commit = git("rev-parse", "--short", "HEAD")
+    if commit is not None and git("status", "--porcelain", "--untracked-files=no"):
+        commit += "+changes"
+    cpu = platform.processor() or platform.machine()
+    if os.path.isfile("/proc/cpuinfo"):
+        with open("/proc/cpuinfo") as f:
+            names = [line.split(":", 1)[1].strip() for line in f if line.startswith("model name")]
+        cpu = f"{names[0]} ({len(names)} logical CPUs)" if names else cpu
+    return {
+        "command": shlex.join([os.path.basename(sys.executable), *sys.argv]),
+        "commit": commit,
+        "utc": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M"),
+        "cpu": cpu,
+        "torch": torch.__version__,
+    }
+
+
 def report(result: dict, output_dir: str) -> dict:
-    """Write `result` to output_dir/result.json and print its one-line summary."""
+    """Write `result`, with its `provenance()`, to output_dir/result.json and print its one-line summary."""
+    result = {**result, "provenance": provenance()}
     with open(os.path.join(output_dir, "result.json"), "w") as f:
         json.dump(result, f, indent=1)
     print(result_line(result))

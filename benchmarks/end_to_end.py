@@ -15,21 +15,22 @@ script calls `evaluate.load("sacrebleu")`, which then needs no Hub; `evaluate` i
 mean target length in tokens, eos included: both sides draw their batches from the whole corpus), the median of the
 per-round ratios against each Marian side, and each process's peak resident memory (from `wait4`).
 
-Six sides by default (`--sides`), run in turn in each round: `marian` (run_translation.py's defaults: random
-batches), `marian-grouped` (the same with transformers' stock `--train_sampling_strategy group_by_length`, what a
-knowledgeable user turns on), `vanilla` (train.py, batches of `--batch_size` pairs), `vanilla-no-chunks`
-(`--length_chunks false`: what is left of our lead without skipping padding), `vanilla-token-batches` (train.py's
-own batching, as its `compact` default trains: length-grouped batches of at most `--max_tokens_per_batch` padded
-tokens per side), and `vanilla-grouped` (train.py on marian-grouped's batching: the training step against Marian's,
-on the same batches); on request, the last two with the other attention implementation: `marian-grouped-eager`
-(Marian with `attn_implementation="eager"`, what train.py picks for bf16 on a CPU) and `vanilla-grouped-sdpa`
-(train.py with `--attn_implementation sdpa`). `--bf16` puts every side in bf16 autocast (Trainer's `--bf16` on the
-CPU). A token batch holds
-a varying number of pairs, so Trainer's samples/s (steps times the batch size) does not describe it: every side also
-counts the non-padding source tokens it trained on (Trainer's stock `include_num_input_tokens_seen="non_padding"`),
-and source tokens per second over Trainer's train_runtime is the figure that compares them all. (With
-`--run_translation`, whose command line cannot ask for that count, the Marian sides' figure is samples/s times the
-corpus's mean source length, as for target tokens.)
+Six sides by default (`--sides`), run in turn in each round: `marian` (run_translation.py's defaults: random batches),
+`marian-grouped` (the same with transformers' stock `--train_sampling_strategy group_by_length`, what a knowledgeable
+user turns on), `vanilla` (train.py, batches of `--batch_size` pairs), `vanilla-no-chunks` (`--length_chunks false`:
+what is left of our lead without skipping padding), `vanilla-token-batches` (train.py's own batching, as its `compact`
+default trains: length-grouped batches of at most `--max_tokens_per_batch` padded tokens per side), and
+`vanilla-grouped` (train.py on marian-grouped's batching: the training step against Marian's, on the same batches); on
+request, the last two with the other attention implementation: `marian-grouped-eager` (Marian with
+`attn_implementation="eager"`, what train.py picks for bf16 on a CPU) and `vanilla-grouped-sdpa` (train.py with
+`--attn_implementation sdpa`), and `marian-token-batches` (MarianMTModel under the project's trainer: train.py with
+vanilla-token-batches' arguments and the Marian side's model in place of ours, as `benchmarks/marian_train.py` trains
+it: what the trainer and its batching give, apart from the model). `--bf16` puts every side in bf16 autocast (Trainer's
+`--bf16` on the CPU). A token batch holds a varying number of pairs, so Trainer's samples/s (steps times the batch size)
+does not describe it: every side also counts the non-padding source tokens it trained on (Trainer's stock
+`include_num_input_tokens_seen="non_padding"`), and source tokens per second over Trainer's train_runtime is the figure
+that compares them all. (With `--run_translation`, whose command line cannot ask for that count, the Marian sides'
+figure is samples/s times the corpus's mean source length, as for target tokens.)
 
     python benchmarks/build_mo_corpus.py --output_dir data/en-fr
     python benchmarks/end_to_end.py --data_dir data/en-fr --size small --max_steps 100 --pairs 2
@@ -49,13 +50,15 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
+from common import provenance  # noqa: E402
 from speed import SIZES  # noqa: E402  (d_model, layers, heads, FFN of each size)
 
 MAX_LENGTH = 256  # source and target truncation on both sides (train.py's presets)
 DEFAULT_SIDES = ("marian", "marian-grouped", "vanilla", "vanilla-no-chunks", "vanilla-token-batches", "vanilla-grouped")
 # on request: the same batches as marian-grouped / vanilla-grouped with the other attention implementation (Marian with
-# the eager attention train.py picks for bf16 on a CPU, ours with transformers' default SDPA)
-SIDES = (*DEFAULT_SIDES, "marian-grouped-eager", "vanilla-grouped-sdpa")
+# the eager attention train.py picks for bf16 on a CPU, ours with transformers' default SDPA), and Marian trained by
+# train.py on vanilla-token-batches' batches (the project's trainer: what the recipe gives, not the model)
+SIDES = (*DEFAULT_SIDES, "marian-grouped-eager", "vanilla-grouped-sdpa", "marian-token-batches")
 # the `evaluate` metric module run_translation.py loads by name (evaluate.load("sacrebleu")), offline: the only use of
 # `evaluate` in the project (the test extra installs it)
 SACREBLEU_METRIC = os.path.join(os.path.dirname(os.path.abspath(__file__)), "metrics", "sacrebleu.py")
@@ -82,7 +85,8 @@ def parse_arguments(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=42)
     parser.add_argument("--bf16", action="store_true", help="every side in bf16 autocast (Trainer's --bf16 on the CPU)")
     parser.add_argument("--sides", default=",".join(DEFAULT_SIDES), help=f"Comma-separated, of: {', '.join(SIDES)}")
-    parser.add_argument("--child", choices=("marian", "marian-grouped", "marian-grouped-eager"), help=argparse.SUPPRESS)
+    children = ("marian", "marian-grouped", "marian-grouped-eager", "marian-token-batches")
+    parser.add_argument("--child", choices=children, help=argparse.SUPPRESS)
     parser.add_argument("--run_dir", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.run_translation and not os.path.isfile(args.run_translation):
@@ -163,6 +167,26 @@ def train_marian(
     metrics = trainer.train().metrics
     trainer.save_metrics("all", metrics)
     trainer.save_state()
+
+
+def train_marian_with_train_py(args: argparse.Namespace) -> None:
+    """The child process of `marian-token-batches`: train.py with vanilla-token-batches' arguments (written to
+    `args.run_dir/args.json` by `ours_command`), training the Marian side's model in place of ours. Its decoder starts
+    from bos, as train.py requires (and `benchmarks/marian_train.py` does); train.py writes all_results.json."""
+    from marian_train import load_train_script
+    from transformers import MarianMTModel
+
+    train = load_train_script()
+
+    def build_marian(model_args, tokenizer, tokenizer_source):
+        config = marian_config(args, tokenizer)
+        config.decoder_start_token_id = config.bos_token_id = tokenizer.bos_token_id
+        model = MarianMTModel(config)
+        train.check_tokenizer_matches_config(tokenizer, model.config, tokenizer_source)
+        return model
+
+    train.build_model = build_marian
+    train.main([ours_command(args, args.run_dir, token_batches=True)[2]])
 
 
 def ours_command(
@@ -295,6 +319,9 @@ def run(command: list[str], run_dir: str, results_dir: str | None = None, cwd: s
 
 def main(argv: list[str] | None = None) -> dict:
     args = parse_arguments(argv)
+    if args.child == "marian-token-batches":
+        train_marian_with_train_py(args)
+        return {}
     if args.child is not None:
         attention = "eager" if args.child.endswith("-eager") else None
         train_marian(args, group_by_length=args.child.startswith("marian-grouped"), attn_implementation=attention)
@@ -323,7 +350,7 @@ def main(argv: list[str] | None = None) -> dict:
                 attention = "sdpa" if side.endswith("-sdpa") else None
                 command = ours_command(args, run_dir, chunks, token_batches, grouped, attention)
                 result = run(command, run_dir)
-            elif args.run_translation:
+            elif args.run_translation and side != "marian-token-batches":
                 command = run_translation_command(args, run_dir, group_by_length=side == "marian-grouped")
                 result = run(command, run_dir, os.path.join(run_dir, "output"), cwd=workdir)
             else:
@@ -369,6 +396,7 @@ def main(argv: list[str] | None = None) -> dict:
         "peak_rss_mib": {side: statistics.median(values) for side, values in memory.items()},
         "ratios": ratios,
         "runs": runs,
+        "provenance": provenance(),
     }
     with open(os.path.join(args.output_dir, "result.json"), "w") as f:
         json.dump(result, f, indent=1)

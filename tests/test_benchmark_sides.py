@@ -1,6 +1,6 @@
-"""The end-to-end benchmark's five sides (benchmarks/end_to_end.py): Marian with and without transformers' stock
-length grouping, train.py with and without length chunks and with its token batches, and the tokens-per-second
-figures."""
+"""The end-to-end benchmark's sides (benchmarks/end_to_end.py): Marian with and without transformers' stock
+length grouping, train.py with and without length chunks and with its token batches, Marian under train.py, and the
+tokens-per-second figures."""
 
 import json
 import os
@@ -118,3 +118,33 @@ def test_dropout_reaches_both_sides_and_is_checked(tmp_path):
         assert f"dropout={expected}," in overrides
     with pytest.raises(SystemExit):
         end_to_end.parse_arguments(["--data_dir", str(tmp_path), "--dropout", "1.5"])
+
+
+@pytest.mark.slow
+def test_marian_under_the_projects_trainer_is_a_side_of_its_own(tmp_path):
+    """marian-token-batches: MarianMTModel trained by train.py with vanilla-token-batches' arguments, so that the two
+    differ in the model only; both count the source tokens they trained on, and result.json says what made it."""
+    import subprocess
+    import sys
+
+    data, out = tmp_path / "data", tmp_path / "out"
+    data.mkdir()
+    pairs = [{"en": " ".join(["word"] * (1 + i % 9)), "fr": " ".join(["mot"] * (1 + i % 5))} for i in range(60)]
+    (data / "train.jsonl").write_text("".join(json.dumps({"translation": p}) + "\n" for p in pairs))
+    sides = "marian-token-batches,vanilla-token-batches"
+    command = [sys.executable, str(end_to_end.__file__), "--data_dir", str(data), "--output_dir", str(out)]
+    command += ["--size", "tiny", "--vocab_size", "300", "--max_steps", "3", "--pairs", "1", "--sides", sides]
+    env = dict(os.environ, HF_HUB_OFFLINE="1")
+    done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    result = json.loads((out / "result.json").read_text())
+    assert "vanilla-token-batches/marian-token-batches" in result["ratios"]
+    marian, ours = (out / f"{side}-0" for side in sides.split(","))
+    assert json.loads((marian / "config.json").read_text())["model_type"] == "marian"
+    assert json.loads((ours / "config.json").read_text())["model_type"] == "vanilla_transformer"
+    arguments = [json.loads((run / "args.json").read_text()) for run in (marian, ours)]
+    assert arguments[0] == {**arguments[1], "output_dir": str(marian)}  # the same trainer, batches and recipe
+    assert arguments[0]["max_tokens_per_batch"] == 512
+    assert all(run["source_tokens_counted"] for side in result["runs"].values() for run in side)
+    assert result["provenance"]["command"].endswith(f"--sides {sides}")
+    assert result["provenance"]["cpu"] and result["provenance"]["utc"].startswith("20")
