@@ -118,13 +118,48 @@ class _CountProducts(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
+class _ProductDims(TorchDispatchMode):
+    """The dimensions of the matrix products (mm, addmm_) run under it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.dims = set()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func.overloadpacket in (torch.ops.aten.mm, torch.ops.aten.addmm_):
+            self.dims |= {dim for matrix in args[-2:] for dim in matrix.shape}
+        return func(*args, **(kwargs or {}))
+
+
+def test_linear_cross_entropy_multiplies_multiples_of_8_rows():
+    """Labelled counts that change with every batch make products of a few shapes only (oneDNN keeps a kernel per
+    shape): padded to a multiple of 8 with rows that add nothing, and the loss and gradients are unchanged."""
+    torch.manual_seed(0)
+    weight = torch.randn(50, 12, dtype=torch.float64, requires_grad=True)  # vocabulary 50, d_model 12
+    rows = set()
+    for labelled in range(1, 18):
+        hidden = torch.randn(2, 10, 12, dtype=torch.float64, requires_grad=True)
+        labels = torch.full((2, 10), -100)
+        labels.view(-1)[torch.randperm(20)[:labelled]] = torch.randint(0, 50, (labelled,))
+        with _ProductDims() as products:
+            loss = linear_cross_entropy(hidden, weight, labels, 0.1)
+            grads = torch.autograd.grad(loss, (hidden, weight))
+        rows |= products.dims - {50, 12}
+        expected = token_cross_entropy(hidden @ weight.T, labels, 0.1)
+        torch.testing.assert_close(loss, expected, rtol=1e-12, atol=0)
+        for grad, expected_grad in zip(grads, torch.autograd.grad(expected, (hidden, weight))):
+            torch.testing.assert_close(grad, expected_grad, rtol=1e-10, atol=1e-12)
+    assert rows == {8, 16, 24}
+
+
 @pytest.mark.parametrize("no_grad", [torch.no_grad, torch.inference_mode])
 def test_linear_cross_entropy_without_grad_computes_the_loss_alone(no_grad, monkeypatch):
     """Under no_grad the weight and hidden states still require grad, but no gradient is wanted: one product per block
     of 4 positions (the logits), not three, and the same loss."""
     monkeypatch.setattr(loss_vanilla_transformer, "_ROWS", 4)
     hidden, weight, labels = hidden_weight_and_labels()
-    blocks = -(-int((labels != -100).sum()) // 4)
+    rows = -(-int((labels != -100).sum()) // 8) * 8  # the labelled positions, padded to a multiple of 8
+    blocks = rows // 4
     with _CountProducts() as with_grad:
         expected = linear_cross_entropy(hidden, weight, labels, 0.1)
     with no_grad(), _CountProducts() as without_grad:
