@@ -29,6 +29,7 @@ BENCHMARKS = {
     "ctranslate2_quality": "the CTranslate2 export's test translations against generate()'s",
     "build_mo_corpus": "an English->French corpus from the gettext catalogs installed on this machine",
     "summarize": "mean ± standard deviation over seeds of anchor.py / recipe.py results, by validation BLEU",
+    "seeds": "anchor.py or recipe.py once per seed, unattended (one core each), then summarize's table",
 }
 
 

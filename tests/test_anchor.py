@@ -7,6 +7,7 @@ import pytest
 from conftest import load_script
 
 summarize = load_script("summarize", folder="benchmarks")
+seeds = load_script("seeds", folder="benchmarks")
 
 
 def write_result(folder, **result):
@@ -29,6 +30,58 @@ def test_summary_gives_mean_and_sd_over_seeds_and_ranks_by_validation(tmp_path, 
     assert a["train_minutes"] == 3.0 and rows[0]["validation"] == "33.00"
     out = capsys.readouterr().out
     assert "unfinished holds no result.json" in out and "| a | 1, 2 | 32.00 ± 2.83 | 32.00 ± 1.41 |" in out
+
+
+def test_each_seed_reaches_the_driver_where_it_takes_it(tmp_path):
+    out = str(tmp_path / "out")
+    command, folder = seeds.seed_command(["anchor", "--data_dir", "d", "--output_dir", out, "--bf16"], 43)
+    assert folder == str(tmp_path / "out" / "seed-43")
+    assert command[2:] == ["anchor", "--data_dir", "d", "--output_dir", folder, "--bf16", "--seed", "43"]
+    command, folder = seeds.seed_command(["recipe", "--output_dir", out, "--", "--threads", "1"], 7)
+    assert command[2:] == ["recipe", "--output_dir", folder, "--", "--threads", "1", "--seed", "7"]  # train.py's
+    command, _ = seeds.seed_command(["recipe", "--output_dir", out], 7)
+    assert command[2:] == ["recipe", "--output_dir", str(tmp_path / "out" / "seed-7"), "--", "--seed", "7"]
+    for bad, message in (
+        (["compare", "--output_dir", out], "one of anchor, recipe"),
+        (["anchor", "--output_dir", out, "--seed", "1"], "--seed is set by --seeds"),
+        (["recipe", "--output_dir", out, "--", "--seed", "1"], "--seed is set by --seeds"),
+        (["anchor", "--data_dir", "d"], "needs --output_dir"),
+    ):
+        with pytest.raises(SystemExit, match=message):
+            seeds.seed_command(bad, 1)
+
+
+STUB_DRIVER = """import json, os, sys
+argv = sys.argv[2:]
+out, seed = argv[argv.index("--output_dir") + 1], int(argv[argv.index("--seed") + 1])
+if seed == 13:
+    sys.exit("seed 13 fails")
+os.makedirs(out)
+result = {"recipe": sys.argv[1], "seed": seed, "validation_bleu": float(seed), "test_bleu": seed + 1.0}
+json.dump(dict(result, train_minutes=1.0), open(os.path.join(out, "result.json"), "w"))
+"""
+
+
+def test_seeds_run_unattended_two_at_a_time_and_are_summarized(tmp_path, monkeypatch, capsys):
+    stub = tmp_path / "run.py"
+    stub.write_text(STUB_DRIVER)
+    monkeypatch.setattr(seeds, "RUN", str(stub))
+    out = tmp_path / "out"
+    rows = seeds.main(["--seeds", "10", "12", "14", "--parallel", "2", "--", "recipe", "--output_dir", str(out)])
+    assert (
+        rows[0]["seeds"] == [10, 12, 14]
+        and rows[0]["validation"] == "12.00 ± 2.00"
+        and rows[0]["test"] == "13.00 ± 2.00"
+    )
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["seeds"] == [10, 12, 14] and summary["rows"][0]["test_bleu"] == [11.0, 13.0, 15.0]
+    assert "| recipe | 10, 12, 14 | 12.00 ± 2.00 |" in capsys.readouterr().out
+    with pytest.raises(SystemExit, match="1 of 2 runs failed"):
+        seeds.main(["--seeds", "13", "16", "--", "anchor", "--output_dir", str(tmp_path / "failing")])
+    assert "seed 13 fails" in (tmp_path / "failing" / "seed-13.log").read_text()
+    assert (tmp_path / "failing" / "seed-16" / "result.json").is_file()  # the others still ran
+    with pytest.raises(SystemExit):
+        seeds.main(["--seeds", "1", "1", "--", "anchor", "--output_dir", str(out)])
 
 
 @pytest.fixture
