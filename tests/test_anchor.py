@@ -2,6 +2,7 @@
 calibration, validation BLEU beside test BLEU) and the summary over seeds (benchmarks/summarize.py)."""
 
 import json
+import os
 
 import pytest
 from conftest import load_script
@@ -37,10 +38,10 @@ def test_each_seed_reaches_the_driver_where_it_takes_it(tmp_path):
     command, folder = seeds.seed_command(["anchor", "--data_dir", "d", "--output_dir", out, "--bf16"], 43)
     assert folder == str(tmp_path / "out" / "seed-43")
     assert command[2:] == ["anchor", "--data_dir", "d", "--output_dir", folder, "--bf16", "--seed", "43"]
-    command, folder = seeds.seed_command(["recipe", "--output_dir", out, "--", "--threads", "1"], 7)
-    assert command[2:] == ["recipe", "--output_dir", folder, "--", "--threads", "1", "--seed", "7"]  # train.py's
-    command, _ = seeds.seed_command(["recipe", "--output_dir", out], 7)
-    assert command[2:] == ["recipe", "--output_dir", str(tmp_path / "out" / "seed-7"), "--", "--seed", "7"]
+    command, folder = seeds.seed_command(["recipe", "--output_dir", out, "--name", "r", "--", "--threads", "1"], 7)
+    assert command[2:] == ["recipe", "--output_dir", folder, "--name", "r", "--", "--threads", "1", "--seed", "7"]
+    command, folder = seeds.seed_command(["recipe", "--output_dir", out + "/"], 7)  # named after the folder, not seed-7
+    assert command[2:] == ["recipe", "--output_dir", folder, "--name", "out", "--", "--seed", "7"]
     for bad, message in (
         (["compare", "--output_dir", out], "one of anchor, recipe"),
         (["anchor", "--output_dir", out, "--seed", "1"], "--seed is set by --seeds"),
@@ -57,7 +58,8 @@ out, seed = argv[argv.index("--output_dir") + 1], int(argv[argv.index("--seed") 
 if seed == 13:
     sys.exit("seed 13 fails")
 os.makedirs(out)
-result = {"recipe": sys.argv[1], "seed": seed, "validation_bleu": float(seed), "test_bleu": seed + 1.0}
+name = argv[argv.index("--name") + 1] if "--name" in argv else sys.argv[1]
+result = {"recipe": name, "seed": seed, "validation_bleu": float(seed), "test_bleu": seed + 1.0}
 json.dump(dict(result, train_minutes=1.0), open(os.path.join(out, "result.json"), "w"))
 """
 
@@ -67,7 +69,8 @@ def test_seeds_run_unattended_two_at_a_time_and_are_summarized(tmp_path, monkeyp
     stub.write_text(STUB_DRIVER)
     monkeypatch.setattr(seeds, "RUN", str(stub))
     out = tmp_path / "out"
-    rows = seeds.main(["--seeds", "10", "12", "14", "--parallel", "2", "--", "recipe", "--output_dir", str(out)])
+    parallel = str(min(2, len(os.sched_getaffinity(0))))  # two at a time where there are two cores
+    rows = seeds.main(["--seeds", "10", "12", "14", "--parallel", parallel, "--", "recipe", "--output_dir", str(out)])
     assert (
         rows[0]["seeds"] == [10, 12, 14]
         and rows[0]["validation"] == "12.00 ± 2.00"
@@ -75,7 +78,7 @@ def test_seeds_run_unattended_two_at_a_time_and_are_summarized(tmp_path, monkeyp
     )
     summary = json.loads((out / "summary.json").read_text())
     assert summary["seeds"] == [10, 12, 14] and summary["rows"][0]["test_bleu"] == [11.0, 13.0, 15.0]
-    assert "| recipe | 10, 12, 14 | 12.00 ± 2.00 |" in capsys.readouterr().out
+    assert "| out | 10, 12, 14 | 12.00 ± 2.00 |" in capsys.readouterr().out  # one row: recipe.py's --name
     with pytest.raises(SystemExit, match="1 of 2 runs failed"):
         seeds.main(["--seeds", "13", "16", "--", "anchor", "--output_dir", str(tmp_path / "failing")])
     assert "seed 13 fails" in (tmp_path / "failing" / "seed-13.log").read_text()
