@@ -25,7 +25,8 @@ request, the last two with the other attention implementation: `marian-grouped-e
 `attn_implementation="eager"`, what train.py picks for bf16 on a CPU) and `vanilla-grouped-sdpa` (train.py with
 `--attn_implementation sdpa`), and `marian-token-batches` (MarianMTModel under the project's trainer: train.py with
 vanilla-token-batches' arguments and the Marian side's model in place of ours, as `benchmarks/marian_train.py` trains
-it: what the trainer and its batching give, apart from the model). `--bf16` puts every side in bf16 autocast (Trainer's
+it: against vanilla-token-batches, the model against the model; against marian-grouped, what the trainer and its
+batching give). `--bf16` puts every side in bf16 autocast (Trainer's
 `--bf16` on the CPU). A token batch holds a varying number of pairs, so Trainer's samples/s (steps times the batch size)
 does not describe it: every side also counts the non-padding source tokens it trained on (Trainer's stock
 `include_num_input_tokens_seen="non_padding"`), and source tokens per second over Trainer's train_runtime is the figure
@@ -57,7 +58,7 @@ MAX_LENGTH = 256  # source and target truncation on both sides (train.py's prese
 DEFAULT_SIDES = ("marian", "marian-grouped", "vanilla", "vanilla-no-chunks", "vanilla-token-batches", "vanilla-grouped")
 # on request: the same batches as marian-grouped / vanilla-grouped with the other attention implementation (Marian with
 # the eager attention train.py picks for bf16 on a CPU, ours with transformers' default SDPA), and Marian trained by
-# train.py on vanilla-token-batches' batches (the project's trainer: what the recipe gives, not the model)
+# train.py on vanilla-token-batches' batches (the same trainer and batches: the model against the model)
 SIDES = (*DEFAULT_SIDES, "marian-grouped-eager", "vanilla-grouped-sdpa", "marian-token-batches")
 # the `evaluate` metric module run_translation.py loads by name (evaluate.load("sacrebleu")), offline: the only use of
 # `evaluate` in the project (the test extra installs it)
