@@ -47,8 +47,6 @@ def result_line(result: dict) -> str:
 def provenance() -> dict:
     """What made a result: the command line, the commit of this repository ("+changes" when the working tree differs
     from it, None outside a git checkout), the UTC time, the CPU and torch."""
-    import torch
-
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
     def git(*arguments: str) -> str | None:

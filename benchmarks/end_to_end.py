@@ -172,22 +172,13 @@ def train_marian(
 
 def train_marian_with_train_py(args: argparse.Namespace) -> None:
     """The child process of `marian-token-batches`: train.py with vanilla-token-batches' arguments (written to
-    `args.run_dir/args.json` by `ours_command`), training the Marian side's model in place of ours. Its decoder starts
-    from bos, as train.py requires (and `benchmarks/marian_train.py` does); train.py writes all_results.json."""
-    from marian_train import load_train_script
-    from transformers import MarianMTModel
+    `args.run_dir/args.json` by `ours_command`), training the Marian side's model in place of ours, as
+    `benchmarks/marian_train.py` does; train.py writes all_results.json."""
+    from marian_train import train_marian as train_py_with_marian
 
-    train = load_train_script()
-
-    def build_marian(model_args, tokenizer, tokenizer_source):
-        config = marian_config(args, tokenizer)
-        config.decoder_start_token_id = config.bos_token_id = tokenizer.bos_token_id
-        model = MarianMTModel(config)
-        train.check_tokenizer_matches_config(tokenizer, model.config, tokenizer_source)
-        return model
-
-    train.build_model = build_marian
-    train.main([ours_command(args, args.run_dir, token_batches=True)[2]])
+    train_py_with_marian(
+        [ours_command(args, args.run_dir, token_batches=True)[2]], lambda _, tokenizer: marian_config(args, tokenizer)
+    )
 
 
 def ours_command(

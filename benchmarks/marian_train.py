@@ -20,12 +20,14 @@ from __future__ import annotations
 import importlib.util
 import os
 import sys
+from collections.abc import Callable
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from anchor import marian_config  # noqa: E402
-from transformers import MarianMTModel  # noqa: E402
+from transformers import MarianConfig, MarianMTModel  # noqa: E402
 
+from vanilla_transformer.training.data import DataError  # noqa: E402
 from vanilla_transformer.training.presets import PRESETS  # noqa: E402
 
 TRAIN = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "scripts", "train.py")
@@ -40,30 +42,36 @@ def load_train_script():
     return module
 
 
-def main(argv: list[str] | None = None) -> dict:
+def train_marian(argv: list[str] | None, config_for: Callable) -> dict:
+    """train.py with `MarianMTModel(config_for(model_args, tokenizer))` in place of a fresh model of ours (a
+    --model_name_or_path still loads as train.py loads it). The decoder starts from the tokenizer's bos, as train.py
+    requires (OPUS-MT starts from pad)."""
     train = load_train_script()
     build_ours = train.build_model
 
     def build_marian(model_args, tokenizer, tokenizer_source):
         if model_args.model_name_or_path is not None:
             return build_ours(model_args, tokenizer, tokenizer_source)
-        if model_args.config_name or model_args.config_overrides:
-            raise train.DataError("marian_train: --config_name/--config_overrides set our config's fields")
-        size = {**PRESETS[model_args.preset]["config"], "max_position_embeddings": 512}
-        config = marian_config(
-            len(tokenizer),
-            size,
-            pad=tokenizer.pad_token_id,
-            eos=tokenizer.eos_token_id,
-            decoder_start=tokenizer.bos_token_id,  # train.py's check: the decoder starts from bos
-            bos_token_id=tokenizer.bos_token_id,
-        )
+        config = config_for(model_args, tokenizer)
+        config.decoder_start_token_id = config.bos_token_id = tokenizer.bos_token_id
         model = MarianMTModel(config)
         train.check_tokenizer_matches_config(tokenizer, model.config, tokenizer_source)
         return model
 
     train.build_model = build_marian
     return train.main(argv)
+
+
+def preset_config(model_args, tokenizer) -> MarianConfig:
+    """OPUS-MT's architecture at the size of train.py's --preset."""
+    if model_args.config_name or model_args.config_overrides:
+        raise DataError("marian_train: --config_name/--config_overrides set our config's fields")
+    size = {**PRESETS[model_args.preset]["config"], "max_position_embeddings": 512}
+    return marian_config(len(tokenizer), size, pad=tokenizer.pad_token_id, eos=tokenizer.eos_token_id)
+
+
+def main(argv: list[str] | None = None) -> dict:
+    return train_marian(argv, preset_config)
 
 
 if __name__ == "__main__":

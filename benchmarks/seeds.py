@@ -41,12 +41,12 @@ def seed_command(benchmark: list[str], seed: int) -> tuple[list[str], str]:
     if "--output_dir" not in own or own.index("--output_dir") + 1 >= len(own):
         raise SystemExit(f"seeds: {name} needs --output_dir (each seed's run goes to a folder seed-S inside it)")
     at = own.index("--output_dir") + 1
-    output_dir = os.path.join(own[at], f"seed-{seed}")
+    base, output_dir = own[at], os.path.join(own[at], f"seed-{seed}")
     own = [*own[:at], output_dir, *own[at + 1 :]]
     if name == "anchor":  # its recipe's name comes from its flags, the same for every seed
         return [sys.executable, RUN, name, *own, "--seed", str(seed)], output_dir
     if "--name" not in own:  # recipe.py's default, the output folder's name, would differ by seed
-        own += ["--name", os.path.basename(os.path.normpath(output_dir.removesuffix(f"seed-{seed}")))]
+        own += ["--name", os.path.basename(os.path.normpath(base))]
     return [sys.executable, RUN, name, *own, "--", *extra, "--seed", str(seed)], output_dir
 
 
