@@ -120,7 +120,8 @@ def test_config_overrides_are_read_by_update_from_string_and_checked():
             build_config("small", vocab_size=400, overrides=overrides)
 
 
-def test_preset_defaults_yield_to_flags(tmp_path):
+def test_preset_defaults_yield_to_flags(tmp_path, monkeypatch):
+    monkeypatch.setattr(train_script, "native_bf16_matmul", lambda: None)  # the float32 defaults, on any CPU
     out = ["--output_dir", str(tmp_path)]
     model_args, data_args, args, auto_do = train_script.parse_arguments(out)
     assert model_args.preset == "small" and auto_do and args.do_train and args.do_eval and args.do_predict
@@ -224,10 +225,11 @@ def test_bf16_without_an_accelerator_runs_on_the_cpu(tmp_path, monkeypatch):
 
 def test_compact_trains_in_bf16_alone_on_a_cpu_that_multiplies_bf16(tmp_path, monkeypatch):
     """The compact preset (your own data) turns bf16 autocast on where the CPU multiplies bf16 in hardware, train.py
-    runs as one process and there is no accelerator; a --bf16, --fp16 or --use_cpu flag given wins; other presets,
-    several processes and CPUs without the feature keep float32."""
+    runs as one process and there is no accelerator, with the batch and learning rate measured for it; a --bf16, --fp16
+    or --use_cpu flag given wins (and keeps the float32 batch and learning rate); other presets, several processes and
+    CPUs without the feature keep float32."""
     monkeypatch.setattr(torch.accelerator, "is_available", lambda: False)
-    monkeypatch.setattr(train_script, "native_bf16_matmul", lambda: "avx512_bf16")
+    monkeypatch.setattr(train_script, "native_bf16_matmul", lambda: "amx_bf16")
     monkeypatch.delenv("WORLD_SIZE", raising=False)
     own_data = ["--output_dir", str(tmp_path), "--train_file", str(tmp_path / "train.jsonl")]
 
@@ -237,21 +239,39 @@ def test_compact_trains_in_bf16_alone_on_a_cpu_that_multiplies_bf16(tmp_path, mo
 
     assert precision(own_data) == (True, True)
     assert train_script.describe_precision(train_script.parse_arguments(own_data)[2]).startswith(
-        "bf16 autocast (this CPU multiplies bf16 in hardware (avx512_bf16); --bf16 false"
+        "bf16 autocast (this CPU multiplies bf16 in hardware (amx_bf16); --bf16 false"
     )
     assert precision(own_data + ["--bf16", "false"]) == (False, False)
     assert precision(own_data + ["--use_cpu", "true"]) == (False, True)
     assert precision(own_data + ["--preset", "base"]) == (False, False)
+
+    def batch(argv: list[str]) -> tuple[int, float]:
+        _, _, args, _ = train_script.parse_arguments(argv)
+        return args.max_tokens_per_batch, args.learning_rate
+
+    float32_batch = (
+        PRESETS["compact"]["training"]["max_tokens_per_batch"],
+        PRESETS["compact"]["training"]["learning_rate"],
+    )
+    assert batch(own_data) == (1024, 1.5e-3) != float32_batch
+    assert batch(own_data + ["--max_tokens_per_batch", "768"]) == (768, 1.5e-3)
+    assert batch(own_data + ["--learning_rate", "1e-3"]) == (1024, 1e-3)
+    assert batch(own_data + ["--bf16", "false"]) == batch(own_data + ["--use_cpu", "true"]) == float32_batch
+    assert batch(own_data + ["--bf16", "true"]) == float32_batch  # a precision flag given: the preset's plain defaults
     assert precision(["--output_dir", str(tmp_path)]) == (False, False)  # the demo's small preset
     (tmp_path / "args.json").write_text(json.dumps({"output_dir": str(tmp_path), "train_file": "t.jsonl"}))
     assert precision([str(tmp_path / "args.json")]) == (True, True)
     (tmp_path / "args.json").write_text(json.dumps({"output_dir": str(tmp_path), "train_file": "t.jsonl", "bf16": 0}))
     assert precision([str(tmp_path / "args.json")]) == (False, False)
+    monkeypatch.setattr(train_script, "native_bf16_matmul", lambda: "avx512_bf16")  # without AMX: bf16 alone
+    assert precision(own_data) == (True, True) and batch(own_data) == float32_batch
     monkeypatch.setenv("WORLD_SIZE", "2")
     assert precision(own_data) == (False, False)
+    assert batch(own_data) == float32_batch
     monkeypatch.delenv("WORLD_SIZE")
     monkeypatch.setattr(train_script, "native_bf16_matmul", lambda: None)
     assert precision(own_data) == (False, False)
+    assert batch(own_data) == float32_batch
     assert train_script.describe_precision(train_script.parse_arguments(own_data)[2]) == "float32"
 
 
