@@ -249,29 +249,29 @@ def test_compact_trains_in_bf16_alone_on_a_cpu_that_multiplies_bf16(tmp_path, mo
         _, _, args, _ = train_script.parse_arguments(argv)
         return args.max_tokens_per_batch, args.learning_rate
 
-    float32_batch = (
+    plain_batch = (
         PRESETS["compact"]["training"]["max_tokens_per_batch"],
         PRESETS["compact"]["training"]["learning_rate"],
     )
-    assert batch(own_data) == (1024, 1.5e-3) != float32_batch
+    assert batch(own_data) == (1024, 1.5e-3) != plain_batch
     assert batch(own_data + ["--max_tokens_per_batch", "768"]) == (768, 1.5e-3)
     assert batch(own_data + ["--learning_rate", "1e-3"]) == (1024, 1e-3)
-    assert batch(own_data + ["--bf16", "false"]) == batch(own_data + ["--use_cpu", "true"]) == float32_batch
-    assert batch(own_data + ["--bf16", "true"]) == float32_batch  # a precision flag given: the preset's plain defaults
+    assert batch(own_data + ["--bf16", "false"]) == batch(own_data + ["--use_cpu", "true"]) == plain_batch
+    assert batch(own_data + ["--bf16", "true"]) == plain_batch  # a precision flag given: the preset's plain defaults
     assert precision(["--output_dir", str(tmp_path)]) == (False, False)  # the demo's small preset
     (tmp_path / "args.json").write_text(json.dumps({"output_dir": str(tmp_path), "train_file": "t.jsonl"}))
     assert precision([str(tmp_path / "args.json")]) == (True, True)
     (tmp_path / "args.json").write_text(json.dumps({"output_dir": str(tmp_path), "train_file": "t.jsonl", "bf16": 0}))
     assert precision([str(tmp_path / "args.json")]) == (False, False)
     monkeypatch.setattr(train_script, "native_bf16_matmul", lambda: "avx512_bf16")  # without AMX: bf16 alone
-    assert precision(own_data) == (True, True) and batch(own_data) == float32_batch
+    assert precision(own_data) == (True, True) and batch(own_data) == plain_batch
     monkeypatch.setenv("WORLD_SIZE", "2")
     assert precision(own_data) == (False, False)
-    assert batch(own_data) == float32_batch
+    assert batch(own_data) == plain_batch
     monkeypatch.delenv("WORLD_SIZE")
     monkeypatch.setattr(train_script, "native_bf16_matmul", lambda: None)
     assert precision(own_data) == (False, False)
-    assert batch(own_data) == float32_batch
+    assert batch(own_data) == plain_batch
     assert train_script.describe_precision(train_script.parse_arguments(own_data)[2]) == "float32"
 
 
