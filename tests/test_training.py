@@ -226,8 +226,8 @@ def test_bf16_without_an_accelerator_runs_on_the_cpu(tmp_path, monkeypatch):
 def test_compact_trains_in_bf16_alone_on_a_cpu_that_multiplies_bf16(tmp_path, monkeypatch):
     """The compact preset (your own data) turns bf16 autocast on where the CPU multiplies bf16 in hardware, train.py
     runs as one process and there is no accelerator, with the batch and learning rate measured for it; a --bf16, --fp16
-    or --use_cpu flag given wins (and keeps the float32 batch and learning rate); other presets, several processes and
-    CPUs without the feature keep float32."""
+    or --use_cpu flag given wins (and keeps the preset's plain batch and learning rate); other presets, several
+    processes and CPUs without the feature keep float32."""
     monkeypatch.setattr(torch.accelerator, "is_available", lambda: False)
     monkeypatch.setattr(train_script, "native_bf16_matmul", lambda: "amx_bf16")
     monkeypatch.delenv("WORLD_SIZE", raising=False)

@@ -72,8 +72,8 @@ PRESETS: dict[str, dict] = {
         # (one seed), but in the same 6 minutes it gained 8.4 test BLEU over float32. With AMX a 1,024-token step
         # costs about 1.5x a 512-token one, and with the peak learning rate raised by about sqrt(2) it gained
         # validation BLEU on every seed at 6 and 12 minutes (at 24, against 1,024 tokens at 1e-3, it lost 0.75 on the
-        # one seed run side by side); with AVX-512 BF16 alone (an AMD EPYC) it was no clear gain at 6
-        # minutes (3 seeds: +0.74 validation BLEU, -0.28 test), so there 512 tokens at 1e-3 stay (docs/training.md)
+        # one seed run side by side); with AVX-512 BF16 alone (an AMD EPYC) it was no clear gain at 6 minutes (3
+        # seeds: +0.74 validation BLEU, -0.28 test), so there 512 tokens at 1e-3 stay (docs/training.md)
         "native_bf16_cpu": {
             "amx_bf16": {"bf16": True, "max_tokens_per_batch": 1024, "learning_rate": 1.5e-3},
             "avx512_bf16": {"bf16": True},
