@@ -73,7 +73,8 @@ PRESETS: dict[str, dict] = {
         # costs about 1.5x a 512-token one, and with the peak learning rate raised by about sqrt(2) it gained
         # validation BLEU on every seed at 6 and 12 minutes (at 24, against 1,024 tokens at 1e-3, it lost 0.75 on the
         # one seed run side by side); with AVX-512 BF16 alone (an AMD EPYC) it was no clear gain at 6 minutes (3
-        # seeds: +0.74 validation BLEU, -0.28 test), so there 512 tokens at 1e-3 stay (docs/training.md)
+        # seeds: +0.74 validation BLEU, -0.28 test), so there 512 tokens at 1e-3 stay. There 512 tokens at 1.5e-3
+        # gained 2.9 validation BLEU at 6 minutes (3 seeds) but lost 1.2 at 12 and 2.1 at 24 (docs/training.md)
         "native_bf16_cpu": {
             "amx_bf16": {"bf16": True, "max_tokens_per_batch": 1024, "learning_rate": 1.5e-3},
             "avx512_bf16": {"bf16": True},
