@@ -263,8 +263,8 @@ def test_compact_trains_in_bf16_alone_on_a_cpu_that_multiplies_bf16(tmp_path, mo
     assert precision([str(tmp_path / "args.json")]) == (True, True)
     (tmp_path / "args.json").write_text(json.dumps({"output_dir": str(tmp_path), "train_file": "t.jsonl", "bf16": 0}))
     assert precision([str(tmp_path / "args.json")]) == (False, False)
-    monkeypatch.setattr(train_script, "native_bf16_matmul", lambda: "avx512_bf16")  # without AMX: bf16 alone
-    assert precision(own_data) == (True, True) and batch(own_data) == plain_batch
+    monkeypatch.setattr(train_script, "native_bf16_matmul", lambda: "avx512_bf16")  # without AMX: the same recipe
+    assert precision(own_data) == (True, True) and batch(own_data) == (1024, 1.5e-3)
     monkeypatch.setenv("WORLD_SIZE", "2")
     assert precision(own_data) == (False, False)
     assert batch(own_data) == plain_batch

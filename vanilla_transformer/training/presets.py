@@ -66,19 +66,16 @@ PRESETS: dict[str, dict] = {
         },
         "vocab_size": 8000,
         "max_length": 256,
-        # where the CPU multiplies bf16 in hardware (cpu.native_bf16_matmul names the feature) and train.py runs as
-        # one process without an accelerator, unless --bf16, --fp16 or --use_cpu is given, these replace the training
+        # where the CPU multiplies bf16 in hardware (either feature of cpu.native_bf16_matmul) and train.py runs as one
+        # process without an accelerator, unless --bf16, --fp16 or --use_cpu is given, these replace the training
         # defaults below. bf16 autocast: on the French corpus a step ran about 1.6x faster; per step it learned less
-        # (one seed), but in the same 6 minutes it gained 8.4 test BLEU over float32. With AMX a 1,024-token step
-        # costs about 1.5x a 512-token one, and with the peak learning rate raised by about sqrt(2) it gained
-        # validation BLEU on every seed at 6 and 12 minutes (at 24, against 1,024 tokens at 1e-3, it lost 0.75 on the
-        # one seed run side by side); with AVX-512 BF16 alone (an AMD EPYC) it was no clear gain at 6 minutes (3
-        # seeds: +0.74 validation BLEU, -0.28 test), so there 512 tokens at 1e-3 stay. There 512 tokens at 1.5e-3
-        # gained 2.9 validation BLEU at 6 minutes (3 seeds) but lost 1.2 at 12 and 2.1 at 24 (docs/training.md)
-        "native_bf16_cpu": {
-            "amx_bf16": {"bf16": True, "max_tokens_per_batch": 1024, "learning_rate": 1.5e-3},
-            "avx512_bf16": {"bf16": True},
-        },
+        # (one seed), but in the same 6 minutes it gained 8.4 test BLEU over float32. A 1,024-token step costs about
+        # 1.5x a 512-token one with AMX and 1.6x with AVX-512 BF16 alone; with the peak learning rate raised by about
+        # sqrt(2) it gained validation BLEU with AMX on every seed at 6 and 12 minutes (at 24, against 1,024 tokens at
+        # 1e-3, it lost 0.75 on the one seed run side by side), and with AVX-512 BF16 alone (an AMD EPYC) on the
+        # 3-seed means at 6, 12 and 24 minutes (+1.2, +1.9, +0.9). There 512 tokens at 1.5e-3 gained more at 6
+        # minutes but lost at 12 and 24 (docs/training.md)
+        "native_bf16_cpu": {"bf16": True, "max_tokens_per_batch": 1024, "learning_rate": 1.5e-3},
         # measured on a 57k-pair English-French corpus against Marian's recipe: see docs/training.md
         "training": {
             "learning_rate": 1e-3,
@@ -182,12 +179,12 @@ def default_generation_config(config, num_beams: int = 4, max_length: int = 257)
 def training_defaults(preset: str, native_bf16: str | None = None) -> dict:
     """The training-argument defaults a preset brings (applied unless the flag is given). `native_bf16`: the CPU
     feature that multiplies bf16 in hardware (``cpu.native_bf16_matmul``) when train.py runs as one process without an
-    accelerator, else None; with it, a preset's ``native_bf16_cpu`` defaults for that feature (compact: bf16 autocast on
-    the CPU; with AMX also the batch and learning rate measured for it) replace its others."""
+    accelerator, else None; with it, a preset's ``native_bf16_cpu`` defaults (compact: bf16 autocast on the CPU, with
+    the batch and learning rate measured for it) replace its others."""
     if preset not in PRESETS:
         raise ValueError(f"--preset {preset!r} is unknown; allowed: {', '.join(PRESETS)}.")
     defaults = dict(PRESETS[preset]["training"])
     if native_bf16:
         # with bf16, train.py's implied_defaults adds --use_cpu, as for a --bf16 given
-        defaults.update(PRESETS[preset].get("native_bf16_cpu", {}).get(native_bf16, {}))
+        defaults.update(PRESETS[preset].get("native_bf16_cpu", {}))
     return defaults
