@@ -3,9 +3,9 @@
 
 A `run_translation.py`-style `Seq2SeqTrainer` run with OPUS-MT's architecture at d_model 256 (3+3 layers, 4 heads,
 FFN 1024, swish, decoder start = pad, scaled embeddings), MarianConfig's default init (std 0.02), dropout 0.1
-(OPUS-MT's; `--dropout`), a joint 8k byte-level BPE vocabulary, AdamW (0.9, 0.98), lr 1e-3, 400 warmup steps then
-linear decay, label smoothing 0.1, batch 16 pairs, 4,500 steps, gradient clipping 1.0, then beam-4 sacreBLEU on the
-test split:
+(OPUS-MT's; `--dropout`), a joint 8k byte-level BPE vocabulary (`--vocab_size`), AdamW (0.9, 0.98), lr 1e-3,
+400 warmup steps then linear decay, label smoothing 0.1, batch 16 pairs, 4,500 steps, gradient clipping 1.0, then
+beam-4 sacreBLEU on the test split:
 
     python benchmarks/build_mo_corpus.py --output_dir data/en-fr
     OMP_NUM_THREADS=1 python benchmarks/anchor.py --data_dir data/en-fr --output_dir outputs/anchor-marian
@@ -139,6 +139,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument(
         "--attn_implementation", default=None, help="eager, sdpa, ... (default: transformers' own, sdpa)"
     )
+    parser.add_argument("--vocab_size", type=int, default=8000, help="Entries of the joint byte-level BPE.")
     parser.add_argument("--seed", type=int, default=42)
     parser.add_argument("--num_beams", type=int, default=4)
     args = parser.parse_args(argv)
@@ -158,7 +159,8 @@ def main(argv: list[str] | None = None) -> dict:
     files = corpus_files(args.data_dir)
     raw = load_dataset("json", data_files=files)
     src, tgt = args.source_lang, args.target_lang
-    tokenizer = train_tokenizer((t for ex in raw["train"]["translation"] for t in (ex[src], ex[tgt])), vocab_size=8000)
+    texts = (t for ex in raw["train"]["translation"] for t in (ex[src], ex[tgt]))
+    tokenizer = train_tokenizer(texts, vocab_size=args.vocab_size)
     os.makedirs(args.output_dir, exist_ok=True)
     tokenizer.save_pretrained(args.output_dir)
 
@@ -225,13 +227,15 @@ def main(argv: list[str] | None = None) -> dict:
     grouping = "-grouped" if args.group_by_length else ""
     dropout = "" if args.dropout == 0.1 else f"-dropout{args.dropout:g}"
     precision = "-bf16" if args.bf16 else ""
-    suffix = dropout + precision + (f"-{args.attn_implementation}" if args.attn_implementation else "")
+    vocabulary = "" if args.vocab_size == 8000 else f"-vocab{args.vocab_size}"
+    suffix = dropout + precision + (f"-{args.attn_implementation}" if args.attn_implementation else "") + vocabulary
     result = {
         "recipe": f"anchor-{args.model}{grouping}-bs{args.batch_size}-lr{args.learning_rate:g}{suffix}",
         "bf16": trainer.args.bf16,
         "attn_implementation": model.config._attn_implementation,
         "seed": args.seed,
         "dropout": args.dropout,
+        "vocab_size": len(tokenizer),
         "steps": trainer.state.global_step,
         "train_sampling_strategy": trainer.args.train_sampling_strategy,
         "seconds_per_step_calibrated": seconds_per_step,  # unrounded: the steps were computed from it

@@ -6,6 +6,7 @@ import os
 
 import pytest
 from conftest import load_script
+from transformers import AutoTokenizer
 
 summarize = load_script("summarize", folder="benchmarks")
 seeds = load_script("seeds", folder="benchmarks")
@@ -140,3 +141,19 @@ def test_anchor_trains_in_bf16_on_the_cpu_when_asked(tmp_path, corpus, one_threa
     result = anchor.main([*args, "--bf16", "--dropout", "0"])
     assert result["bf16"] is True and result["recipe"] == "anchor-marian-bs16-lr0.001-dropout0-bf16"
     assert result["steps"] == 3 and 0 <= result["test_bleu"] <= 100
+
+
+@pytest.mark.slow
+def test_anchor_vocab_size_sizes_the_tokenizer_and_the_model(tmp_path, corpus, one_thread):
+    """--vocab_size: the joint BPE the anchor trains (8k unless given) has at most that many entries, and the recipe's
+    name and result say how many."""
+    anchor = load_script("anchor", folder="benchmarks")
+    args = ["--data_dir", str(corpus), "--max_steps", "1", "--num_beams", "1", "--dropout", "0"]
+    sizes = {}
+    for vocab_size in (300, 280):
+        result = anchor.main([*args, "--output_dir", str(tmp_path / str(vocab_size)), "--vocab_size", str(vocab_size)])
+        assert result["recipe"] == f"anchor-marian-bs16-lr0.001-dropout0-vocab{vocab_size}"
+        tokenizer = AutoTokenizer.from_pretrained(tmp_path / str(vocab_size))
+        assert result["vocab_size"] == len(tokenizer) <= vocab_size
+        sizes[vocab_size] = len(tokenizer)
+    assert sizes[300] > sizes[280]
