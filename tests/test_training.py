@@ -26,7 +26,9 @@ from transformers import (
     Seq2SeqTrainingArguments,
     TrainerCallback,
 )
+from transformers.testing_utils import CaptureLogger
 from transformers.trainer_utils import sort_checkpoints
+from transformers.utils import logging as transformers_logging
 
 from vanilla_transformer import VanillaTransformerConfig
 from vanilla_transformer.inference.translate import translate
@@ -823,5 +825,33 @@ def test_evaluation_generates_at_most_the_input_length_plus_50_tokens(
     build_trainer(model, args, tokenizer).predict(test, num_beams=1)
     assert len(limits) == 2
     for source_length, max_new_tokens, max_length in limits:
-        cap = 256 if generation_max_length is None else generation_max_length - 1
-        assert max_new_tokens == min(source_length + 50, cap) and max_length is None
+        cap = 257 if generation_max_length is None else generation_max_length
+        # the decoder start token + at most input length + 50 new tokens
+        assert max_length == min(source_length + 51, cap) and max_new_tokens is None
+
+
+def test_evaluation_limit_raises_no_generation_warning(tmp_path, demo_tokenizer, one_thread):
+    """The per-batch limit reaches generate() without its warning that max_new_tokens and the generation config's
+    max_length were both set (once per batch, in every evaluation of train.py before), and still holds."""
+    tokenizer = AutoTokenizer.from_pretrained(demo_tokenizer)
+    raw = DatasetDict({"test": demo_corpus()["test"].select(range(6))})
+    test = tokenize_splits(raw, tokenizer, "de", "en", 32, 32, print_fn=None)["test"]
+    argv = ["--output_dir", str(tmp_path), "--per_device_eval_batch_size", "3", "--report_to", "none"]
+    _, _, args, _ = train_script.parse_arguments(argv)
+    model = tiny_model(vocab_size=len(tokenizer))
+    model.generation_config.max_length = 257  # what train.py sets by default (max_target_length + 1)
+    model.generation_config.eos_token_id = None  # never finishes early: every batch runs to its limit
+    generate, widths = model.generate, []
+
+    def record(input_ids, **kwargs):
+        output = generate(input_ids=input_ids, **kwargs)
+        widths.append((input_ids.shape[1], output.shape[1]))
+        return output
+
+    model.generate = record
+    logger = transformers_logging.get_logger("transformers.generation.utils")
+    with CaptureLogger(logger) as captured:
+        build_trainer(model, args, tokenizer).predict(test, num_beams=1)
+    assert "seem to have been set" not in captured.out
+    assert len(widths) == 2
+    assert all(output == source + 51 for source, output in widths)  # the start token + input length + 50

@@ -250,13 +250,14 @@ class TranslationTrainer(TokenBatchingSeq2SeqTrainer):
 
     def prediction_step(self, model, inputs, prediction_loss_only, ignore_keys=None, **gen_kwargs):
         # §6.1: "maximum output length to input length + 50", per batch, as translate.py decodes (a batch whose beams
-        # never finish otherwise runs to generation_max_length); the configured length still caps it
+        # never finish otherwise runs to generation_max_length); the configured length still caps it. Given as
+        # max_length (the decoder start token + the new tokens): Seq2SeqTrainer drops a max_length of None, and
+        # generate() then warns on every batch that max_new_tokens overrides the generation config's max_length
         gen_kwargs = gen_kwargs or dict(getattr(self, "_gen_kwargs", {}))
         if self.args.predict_with_generate and not prediction_loss_only and "max_new_tokens" not in gen_kwargs:
             limit = gen_kwargs.get("max_length") or self.model.generation_config.max_length
             if "input_ids" in inputs and limit is not None:
-                extra = min(inputs["input_ids"].shape[1] + EXTRA_TOKENS, limit - 1)
-                gen_kwargs = {**gen_kwargs, "max_new_tokens": extra, "max_length": None}
+                gen_kwargs = {**gen_kwargs, "max_length": min(inputs["input_ids"].shape[1] + EXTRA_TOKENS + 1, limit)}
         return super().prediction_step(model, inputs, prediction_loss_only, ignore_keys, **gen_kwargs)
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
