@@ -806,7 +806,9 @@ def test_bad_data_and_tokenizers_are_refused_before_training(tmp_path, demo_toke
 def test_evaluation_generates_at_most_the_input_length_plus_50_tokens(
     tmp_path, demo_tokenizer, one_thread, generation_max_length
 ):
-    """§6.1's output limit per batch, as translate.py decodes; a --generation_max_length given still caps it."""
+    """§6.1's output limit per batch, as translate.py decodes; a --generation_max_length given still caps it. The
+    limit reaches generate() without its warning that max_new_tokens and the generation config's max_length were both
+    set (once per batch, in every evaluation of train.py before)."""
     tokenizer = AutoTokenizer.from_pretrained(demo_tokenizer)
     raw = DatasetDict({"test": demo_corpus()["test"].select(range(6))})
     test = tokenize_splits(raw, tokenizer, "de", "en", 32, 32, print_fn=None)["test"]
@@ -815,43 +817,21 @@ def test_evaluation_generates_at_most_the_input_length_plus_50_tokens(
     _, _, args, _ = train_script.parse_arguments([*argv, *given])
     model = tiny_model(vocab_size=len(tokenizer))
     model.generation_config.max_length = 257  # what train.py sets by default (max_target_length + 1)
-    limits = []
-
-    def record(input_ids, attention_mask, **kwargs):
-        limits.append((input_ids.shape[1], kwargs.get("max_new_tokens"), kwargs.get("max_length")))
-        return input_ids
-
-    model.generate = record
-    build_trainer(model, args, tokenizer).predict(test, num_beams=1)
-    assert len(limits) == 2
-    for source_length, max_new_tokens, max_length in limits:
-        cap = 257 if generation_max_length is None else generation_max_length
-        # the decoder start token + at most input length + 50 new tokens
-        assert max_length == min(source_length + 51, cap) and max_new_tokens is None
-
-
-def test_evaluation_limit_raises_no_generation_warning(tmp_path, demo_tokenizer, one_thread):
-    """The per-batch limit reaches generate() without its warning that max_new_tokens and the generation config's
-    max_length were both set (once per batch, in every evaluation of train.py before), and still holds."""
-    tokenizer = AutoTokenizer.from_pretrained(demo_tokenizer)
-    raw = DatasetDict({"test": demo_corpus()["test"].select(range(6))})
-    test = tokenize_splits(raw, tokenizer, "de", "en", 32, 32, print_fn=None)["test"]
-    argv = ["--output_dir", str(tmp_path), "--per_device_eval_batch_size", "3", "--report_to", "none"]
-    _, _, args, _ = train_script.parse_arguments(argv)
-    model = tiny_model(vocab_size=len(tokenizer))
-    model.generation_config.max_length = 257  # what train.py sets by default (max_target_length + 1)
     model.generation_config.eos_token_id = None  # never finishes early: every batch runs to its limit
-    generate, widths = model.generate, []
+    generate, calls = model.generate, []
 
     def record(input_ids, **kwargs):
         output = generate(input_ids=input_ids, **kwargs)
-        widths.append((input_ids.shape[1], output.shape[1]))
+        calls.append((input_ids.shape[1], kwargs.get("max_new_tokens"), kwargs.get("max_length"), output.shape[1]))
         return output
 
     model.generate = record
-    logger = transformers_logging.get_logger("transformers.generation.utils")
-    with CaptureLogger(logger) as captured:
+    with CaptureLogger(transformers_logging.get_logger("transformers.generation.utils")) as captured:
         build_trainer(model, args, tokenizer).predict(test, num_beams=1)
     assert "seem to have been set" not in captured.out
-    assert len(widths) == 2
-    assert all(output == source + 51 for source, output in widths)  # the start token + input length + 50
+    assert len(calls) == 2
+    for source_length, max_new_tokens, max_length, output_length in calls:
+        cap = 257 if generation_max_length is None else generation_max_length
+        # the decoder start token + at most input length + 50 new tokens
+        assert max_length == min(source_length + 51, cap) and max_new_tokens is None
+        assert output_length == max_length
