@@ -77,7 +77,8 @@ def parse_arguments(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--max_steps", type=int, default=100)
     parser.add_argument("--batch_size", type=int, default=32)
     parser.add_argument("--max_tokens_per_batch", type=int, default=512, help="vanilla-token-batches' batches "
-                        "(train.py's compact default: 512)")  # fmt: skip
+                        "(train.py's compact default: 512, or 1,024 where the CPU multiplies bf16 in "
+                        "hardware)")  # fmt: skip
     parser.add_argument("--learning_rate", type=float, default=5e-4)
     parser.add_argument("--dropout", type=float, default=0.1, help="every side's P_drop: 0.1 is Marian's stock "
                         "value; 0 is train.py's compact default and the strongest anchor's tuned value")  # fmt: skip
