@@ -65,7 +65,11 @@ from vanilla_transformer.training.sharding import describe_parallelism
 from vanilla_transformer.training.time_budget import UNLIMITED_STEPS, find_time_budget, format_duration
 from vanilla_transformer.training.tokenizer import check_tokenizer_matches_config, iterate_texts, train_tokenizer
 from vanilla_transformer.training.trainer import build_trainer, make_compute_metrics
-from vanilla_transformer.training.workarounds import accelerate_launch_without_gpus, torch_cpu_bf16_flash_attention
+from vanilla_transformer.training.workarounds import (
+    accelerate_launch_without_gpus,
+    torch_cpu_bf16_flash_attention,
+    torch_cpu_bf16_kernel_caches,
+)
 
 logger = logging.getLogger("train")
 
@@ -329,6 +333,8 @@ def main(argv: list[str] | None = None, callbacks=None) -> dict:
         checkpoint = resolve_checkpoint(training_args)
         # a resumed run keeps the thread count of the run it continues (recorded in the checkpoint): the same sums
         threads = set_cpu_threads(training_args.threads, recorded_threads(checkpoint))
+        # before the first bf16 product on a CPU: oneDNN's kernel caches would otherwise keep ~0.7 MiB per shape
+        torch_cpu_bf16_kernel_caches.limit_kernel_caches(training_args)
         raw, source_lang, target_lang = data_args.load(cache_dir=model_args.cache_dir)
         for flag, split in (("--do_train", "train"), ("--do_eval", "validation"), ("--do_predict", "test")):
             wanted = getattr(training_args, flag[2:])
