@@ -16,9 +16,10 @@ steps, to 1,637 MiB after 1,000 steps (docs/performance.md).
 
 The workaround (`limit_kernel_caches`): where train.py trains on a CPU in bf16, before the first product, it sets
 both variables to `CAPACITY` (64) unless the environment already sets them (the user's value always wins). After
-1,000 steps (`benchmarks/run.py end_to_end --bf16 --max_tokens_per_batch 1024 --max_steps 1000`) the peak resident
-memory was 883 MiB against 1,637 with the defaults, at the same speed: a kernel rebuilt takes about 0.5 ms, and the
-64 most recent shapes hold most of what the next steps multiply.
+1,000 steps (`benchmarks/run.py end_to_end --bf16 --max_tokens_per_batch 1024 --max_steps 1000`, two pairs side by
+side) the peak resident memory was 883 and 936 MiB against 1,637 and 1,566 with the defaults, and no slower (2,239
+and 2,080 source tokens per second against 2,182 and 1,897): a kernel rebuilt takes about 0.5 ms, and the 64 most
+recent shapes hold most of what the next steps multiply. Decoding after training took as long (docs/performance.md).
 
 It can go when the caches hold little per shape, or when PyTorch bounds them by memory:
 tests/test_workarounds.py's `test_torch_still_keeps_about_a_mib_of_bf16_kernels_per_shape` fails when a new shape no
