@@ -37,7 +37,9 @@ CAPACITY = 64
 VARIABLES = ("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "LRU_CACHE_CAPACITY")
 
 
-def limit_kernel_caches(training_args: TrainingArguments, environ: MutableMapping[str, str] = os.environ) -> dict:
+def limit_kernel_caches(
+    training_args: TrainingArguments, environ: MutableMapping[str, str] = os.environ
+) -> dict[str, str]:
     """Set the two cache capacities (`VARIABLES`) to `CAPACITY` in `environ` where training runs on a CPU in bf16,
     each unless `environ` already sets it; return what was set (empty elsewhere). Must run before the process's first
     bf16 product, when the libraries read them."""
