@@ -390,13 +390,16 @@ def main(argv: list[str] | None = None, callbacks=None) -> dict:
             model.set_attn_implementation(attention)
         except ValueError as error:  # an implementation transformers does not know
             raise SystemExit(f"train.py: error: {str(error).splitlines()[0]}") from None
-    training_args.generation_max_length = training_args.generation_max_length or data_args.max_target_length + 1
+    given_max_length = training_args.generation_max_length
+    training_args.generation_max_length = given_max_length or data_args.max_target_length + 1
     if model_args.model_name_or_path is None or model.generation_config.num_beams == 1:
         model.generation_config = default_generation_config(
             model.config,
             num_beams=training_args.generation_num_beams or 4,
             max_length=training_args.generation_max_length,
         )
+    elif given_max_length is None and model.generation_config.max_new_tokens is not None:
+        training_args.generation_max_length = None  # the checkpoint's max_new_tokens decides, unless the flag is given
     try:
         trainer = build_trainer(
             model,

@@ -30,7 +30,7 @@ from transformers.testing_utils import CaptureLogger
 from transformers.trainer_utils import sort_checkpoints
 from transformers.utils import logging as transformers_logging
 
-from vanilla_transformer import VanillaTransformerConfig
+from vanilla_transformer import VanillaTransformerConfig, VanillaTransformerForConditionalGeneration
 from vanilla_transformer.inference.translate import translate
 from vanilla_transformer.training.arguments import implied_defaults
 from vanilla_transformer.training.checkpoints import load_weights, save_averaged_model
@@ -800,6 +800,39 @@ def test_bad_data_and_tokenizers_are_refused_before_training(tmp_path, demo_toke
     expect_exit([*tokenizer_and_overrides, "--config_overrides", "heads=4"], "key heads isn't in the original config")
     expect_exit([*tokenizer_and_overrides, "--config_overrides", "dropout=1.5"], "`dropout`=1.5 is invalid")
     assert not (tmp_path / "out" / "model.safetensors").exists()
+
+
+@pytest.mark.parametrize("generation_max_length", [None, 12])
+def test_a_checkpoints_max_new_tokens_yields_to_generation_max_length(
+    tmp_path, demo_tokenizer, monkeypatch, generation_max_length
+):
+    """generate() prefers a generation config's max_new_tokens to any max_length, so a checkpoint whose generation
+    config sets one (kept by train.py when it asks for beams) would decode past or short of --generation_max_length.
+    Given, the flag takes effect; not given, the checkpoint's max_new_tokens stands (train.py's default length, the
+    longest target + 1, does not replace it)."""
+    tokenizer = AutoTokenizer.from_pretrained(demo_tokenizer)
+    model = tiny_model(vocab_size=len(tokenizer))
+    model.generation_config.num_beams = 2
+    model.generation_config.max_new_tokens = 3
+    model.generation_config.eos_token_id = None  # never finishes early: every batch runs to its limit
+    checkpoint = tmp_path / "checkpoint"
+    model.save_pretrained(str(checkpoint))
+    tokenizer.save_pretrained(str(checkpoint))
+    generate, lengths = VanillaTransformerForConditionalGeneration.generate, []
+
+    def record(self, *args, **kwargs):
+        output = generate(self, *args, **kwargs)
+        lengths.append(output.shape[1])
+        return output
+
+    monkeypatch.setattr(VanillaTransformerForConditionalGeneration, "generate", record)
+    argv = ["--output_dir", str(tmp_path / "out"), "--model_name_or_path", str(checkpoint), "--do_predict"]
+    argv += ["--max_predict_samples", "6", "--per_device_eval_batch_size", "3", "--threads", "1"]
+    argv += ["--disable_tqdm", "true", "--report_to", "none"]
+    given = [] if generation_max_length is None else ["--generation_max_length", str(generation_max_length)]
+    train_script.main([*argv, *given])
+    # the decoder start token + 3 new tokens, or the flag's length
+    assert lengths == [1 + 3 if generation_max_length is None else generation_max_length] * 2
 
 
 @pytest.mark.parametrize("generation_max_length", [None, 12])

@@ -252,12 +252,18 @@ class TranslationTrainer(TokenBatchingSeq2SeqTrainer):
         # §6.1: "maximum output length to input length + 50", per batch, as translate.py decodes (a batch whose beams
         # never finish otherwise runs to generation_max_length); the configured length still caps it. Given as
         # max_length (the decoder start token + the new tokens): Seq2SeqTrainer drops a max_length of None, and
-        # generate() then warns on every batch that max_new_tokens overrides the generation config's max_length
+        # generate() then warns on every batch that max_new_tokens overrides the generation config's max_length.
+        # generate() prefers a max_new_tokens to any max_length: where a loaded checkpoint's generation config has
+        # one, --generation_max_length replaces it (the flag takes effect), and without the flag it stands
         gen_kwargs = gen_kwargs or dict(getattr(self, "_gen_kwargs", {}))
-        if self.args.predict_with_generate and not prediction_loss_only and "max_new_tokens" not in gen_kwargs:
+        decoding = self.args.predict_with_generate and not prediction_loss_only and "max_new_tokens" not in gen_kwargs
+        configured_new_tokens = self.model.generation_config.max_new_tokens is not None
+        if decoding and (self.args.generation_max_length is not None or not configured_new_tokens):
             limit = gen_kwargs.get("max_length") or self.model.generation_config.max_length
             if "input_ids" in inputs and limit is not None:
                 gen_kwargs = {**gen_kwargs, "max_length": min(inputs["input_ids"].shape[1] + EXTRA_TOKENS + 1, limit)}
+            if configured_new_tokens:
+                gen_kwargs["max_new_tokens"] = None
         return super().prediction_step(model, inputs, prediction_loss_only, ignore_keys, **gen_kwargs)
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
