@@ -3,7 +3,7 @@
 
 Each seed's run goes to OUTPUT_DIR/seed-S (its result.json records the command, commit and time), its output to
 OUTPUT_DIR/seed-S.log. `--parallel N` runs N at a time, each pinned to its own core with `taskset` and one thread,
-as the runs in docs/training.md were made. Then the table of summarize.py, also written to OUTPUT_DIR/summary.json.
+as the runs in docs/results.md were made. Then the table of summarize.py, also written to OUTPUT_DIR/summary.json.
 
     python benchmarks/run.py seeds --seeds 42 43 44 --parallel 2 -- anchor --data_dir data/en-fr \
         --output_dir outputs/anchor-stock --dropout 0 --bf16 --max_train_minutes 6

@@ -143,7 +143,7 @@ def sublayer_to_residual_ratios(model, ids) -> list[float]:
 
 def test_normal_init_starts_each_sublayer_small_beside_its_residual():
     """Why "normal" is the default: each post-norm sub-layer starts at a fraction of its residual, so the stack
-    starts close to the identity; Xavier makes sub-layer outputs about half the residual (docs/training.md)."""
+    starts close to the identity; Xavier makes sub-layer outputs about half the residual (docs/results.md)."""
     ids = torch.randint(4, 4000, (8, 16))
     sizes = dict(vocab_size=4000, d_model=256, encoder_ffn_dim=1024, decoder_ffn_dim=1024)
     normal = tiny_model(**sizes, init_scheme="normal")

@@ -74,7 +74,7 @@ def test_presets():
     compact = build_config("compact", vocab_size=8000)
     assert (compact.d_model, compact.encoder_layers, compact.decoder_layers) == (256, 3, 3)
     assert (compact.encoder_attention_heads, compact.encoder_ffn_dim, compact.init_scheme) == (4, 1024, "normal")
-    assert compact.dropout == 0.0  # runs of minutes on a CPU underfit (docs/training.md); base and big keep the paper's
+    assert compact.dropout == 0.0  # runs of minutes on a CPU underfit (docs/results.md); base and big keep the paper's
     assert build_config("compact", overrides="dropout=0.1").dropout == 0.1  # a flag the user gives takes effect
     assert PRESETS["compact"]["vocab_size"] == 8000
     base, big = build_config("base", vocab_size=37000), build_config("big", vocab_size=37000)

@@ -328,7 +328,7 @@ class VanillaTransformerPreTrainedModel(PreTrainedModel):
         """Fresh weights by ``config.init_scheme`` (the paper does not give one). "normal" (default, BART's and
         Marian's): linear layers and embeddings N(0, init_std = 0.02). Each sub-layer's output then starts at about
         a tenth of its residual (Xavier: about half), so the post-norm stack starts close to the identity; on real
-        data this trains several BLEU better (docs/training.md). "xavier" (tensor2tensor/fairseq): Xavier-uniform
+        data this trains several BLEU better (docs/results.md). "xavier" (tensor2tensor/fairseq): Xavier-uniform
         linear layers, N(0, d_model^-0.5) embeddings, so that embeddings × √d_model have unit variance. Both: zero
         biases, a zero padding row, LayerNorm at identity."""
         xavier = self.config.init_scheme == "xavier"

@@ -61,7 +61,7 @@ PRESETS: dict[str, dict] = {
             "encoder_ffn_dim": 1024,
             "decoder_ffn_dim": 1024,
             # no dropout: runs of minutes to an hour on a CPU see a small corpus a few times and underfit; measured
-            # on the French corpus (docs/training.md), P_drop 0.1 cost about 4 validation BLEU at 6 minutes
+            # on the French corpus (docs/results.md), P_drop 0.1 cost about 4 validation BLEU at 6 minutes
             "dropout": 0.0,
         },
         "vocab_size": 8000,
@@ -74,13 +74,13 @@ PRESETS: dict[str, dict] = {
         # sqrt(2) it gained validation BLEU with AMX on every seed at 6 and 12 minutes (at 24, against 1,024 tokens at
         # 1e-3, it lost 0.75 on the one seed run side by side), and with AVX-512 BF16 alone (an AMD EPYC) on the
         # 3-seed means at 6, 12 and 24 minutes (+1.2, +1.9, +0.9). There 512 tokens at 1.5e-3 gained more at 6
-        # minutes but lost at 12 and 24 (docs/training.md)
+        # minutes but lost at 12 and 24 (docs/results.md)
         "native_bf16_cpu": {"bf16": True, "max_tokens_per_batch": 1024, "learning_rate": 1.5e-3},
-        # measured on a 57k-pair English-French corpus against Marian's recipe: see docs/training.md
+        # measured on a 57k-pair English-French corpus against Marian's recipe: see docs/results.md
         "training": {
             "learning_rate": 1e-3,
             # 400 warmup steps took a third of a 6-minute run; 200 gained about 5 validation BLEU there and 2 at 12
-            # minutes; 100 lost at 12 minutes, and 50 (or 100 with a peak of 2e-3) diverged (docs/training.md)
+            # minutes; 100 lost at 12 minutes, and 50 (or 100 with a peak of 2e-3) diverged (docs/results.md)
             "warmup_steps": 200,
             "lr_scheduler_type": "linear",
             "max_tokens_per_batch": 512,
