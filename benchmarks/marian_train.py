@@ -12,8 +12,8 @@ model gives:
     OMP_NUM_THREADS=1 python benchmarks/run.py recipe --model marian --data_dir data/en-fr \
         --output_dir outputs/marian-recipe --max_train_minutes 6 -- --seed 42 --threads 1
 
-On the French corpus Marian did best with `--vocab_size 4000 --max_tokens_per_batch 512 --learning_rate 1e-3` at 6, 24
-and 48 minutes, and with `--vocab_size 4000` alone at 12 (AMD EPYC, 2026-12-06: docs/results.md).
+On the French corpus Marian did best with `--vocab_size 4000 --max_tokens_per_batch 512 --learning_rate 1e-3`: ahead
+of train.py's bf16 batch and rate at 6, 24 and 48 minutes, level at 12 (AMD EPYC, 2026-12-06: docs/results.md).
 
 `--config_name` and `--config_overrides` (fields of our config) are refused; `--model_name_or_path` is train.py's.
 """
