@@ -72,7 +72,8 @@ def set_cpu_threads(threads: int | None = None, recorded: int | None = None) -> 
     """Choose PyTorch's CPU threads for training or translating, and say how in a few words.
 
     PyTorch's default, one thread per physical core, is fastest on an idle machine, but when another job holds a core
-    the threads spin waiting for the one that shares it, and training slows down several-fold (docs/training.md). So
+    the threads spin waiting for the one that shares it, and training slows down several-fold
+    (docs/training.md#a-machine-shared-with-other-work). So
     unless `threads` (the scripts' --threads) or OMP_NUM_THREADS says otherwise, only the cores idle at start are used,
     among the CPUs this process may run on (its affinity) and no more than its cgroup's CPU quota pays for.
     Several processes (accelerate launch) and GPU runs keep PyTorch's default.
@@ -114,8 +115,8 @@ NATIVE_BF16_FEATURES = ("amx_bf16", "avx512_bf16")
 def native_bf16_matmul() -> str | None:
     """The feature (``NATIVE_BF16_FEATURES``) with which this CPU multiplies bf16 matrices in hardware, as PyTorch
     detects it (``torch.cpu.get_capabilities``), or None: a CPU without either, or a PyTorch without that function.
-    Where it is present, a bf16 product runs several times faster than a float32 one (one thread on an AMD EPYC with
-    avx512_bf16: 4x, docs/performance.md)."""
+    Where it is present, a bf16 product runs several times faster than a float32 one
+    (docs/performance.md#why-bf16-the-eager-attention-and-kernel-caches)."""
     get_capabilities = getattr(torch.cpu, "get_capabilities", None)
     if get_capabilities is None:
         return None

@@ -447,8 +447,8 @@ def tokenization_fingerprints(
     return tokenized, Hasher.hash(["short_enough", tokenized, max_source_length, max_target_length])
 
 
-# fewer rows per process and starting the processes does not pay: 50,000 pairs took 8.9 s in two processes against 6.1 s
-# in one, on 2 shared CPU cores (measured 2026-12-02 at b8a6f53)
+# below this many rows per process, starting the processes costs more than they save: the tokenizers library already
+# encodes on every core (docs/training.md#your-own-data)
 MIN_ROWS_PER_WORKER = 50_000
 
 
