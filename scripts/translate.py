@@ -74,7 +74,13 @@ class TranslateArguments:
             "--inter_threads should not exceed the idle cores)."
         },
     )
-    device: str | None = field(default=None, metadata={"help": "cpu, cuda, ... (default: a GPU if there is one)."})
+    device: str | None = field(
+        default=None,
+        metadata={
+            "help": "cpu, cuda, ... (default: a GPU if there is one; with ctranslate2, one whose CUDA libraries load, "
+            "else the CPU, saying why)."
+        },
+    )
     threads: int | None = field(
         default=None,
         metadata={
@@ -118,7 +124,7 @@ def main(argv: list[str] | None = None) -> None:
         if args.engine == "ctranslate2":
             from vanilla_transformer.inference.ctranslate2 import load_ctranslate2_translator
 
-            # "auto": a GPU where CTranslate2 was built with CUDA and one is present, else the CPU
+            # "auto": a GPU where CTranslate2 sees one and its CUDA libraries load, else the CPU (saying why)
             translator = load_ctranslate2_translator(
                 args.model_dir,
                 device=args.device or "auto",
@@ -145,7 +151,8 @@ def main(argv: list[str] | None = None) -> None:
             translations = translator.translate(sentences, **options)
         else:
             translations = translate(model, tokenizer, sentences, **options)
-    except ValueError as error:  # e.g. a sentence longer than the model accepts
+    # e.g. a sentence longer than the model accepts; the GPU running out of memory; a library failing to load
+    except (ValueError, RuntimeError, OSError) as error:
         raise SystemExit(f"translate.py: error: {str(error).strip().splitlines()[0]}") from None
     seconds = time.perf_counter() - start
 

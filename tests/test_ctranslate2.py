@@ -5,6 +5,7 @@ import json
 import os
 import shutil
 import sys
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -221,6 +222,133 @@ def test_bad_folders_and_options_are_refused(trained_model_dir, tmp_path):
         export_ctranslate2(trained_model_dir, exported)
     with pytest.raises(ValueError, match="is already a CTranslate2 export"):
         export_ctranslate2(exported, str(tmp_path / "again"))
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# The device and the compute type, on a machine with a GPU (stubbed: CTranslate2 reports a CUDA device)
+
+# What CTranslate2 raises at the first translation where its wheel's CUDA libraries are not those of the machine
+CUDA_LIBRARY_ERROR = "Library libcublas.so.12 is not found or cannot be loaded"
+CUDA_COMPUTE_TYPES = {"float32", "float16", "bfloat16", "int8", "int8_float32", "int8_float16", "int8_bfloat16"}
+FALLBACK = f"CTranslate2: CUDA libraries did not load ({CUDA_LIBRARY_ERROR}); translating on the CPU"
+
+
+class CudaTranslatorStub:
+    """A ctranslate2.Translator on "cuda": it builds, and translates only if `libraries_load`."""
+
+    def __init__(self, path, device, libraries_load, **options):
+        self.device, self.compute_type, self.libraries_load = device, options["compute_type"], libraries_load
+
+    def translate_batch(self, sources, **options):
+        if not self.libraries_load:
+            raise RuntimeError(CUDA_LIBRARY_ERROR)
+        return [SimpleNamespace(hypotheses=[["w1"]]) for _ in sources]
+
+
+def stub_one_gpu(monkeypatch, libraries_load: bool) -> list[str]:
+    """CTranslate2 reports one CUDA device and its compute types; Translators on "cuda" are stubs, on "cpu" real.
+    Returns the devices of the Translators built, in order."""
+    cpu_translator, cpu_types = ctranslate2.Translator, ctranslate2.get_supported_compute_types
+    built = []
+
+    def translator(path, device="cpu", **options):
+        built.append(device)
+        if device == "cuda":
+            return CudaTranslatorStub(path, device, libraries_load, **options)
+        return cpu_translator(path, device=device, **options)
+
+    monkeypatch.setattr(ctranslate2, "get_cuda_device_count", lambda: 1)
+    monkeypatch.setattr(
+        ctranslate2,
+        "get_supported_compute_types",
+        lambda device: CUDA_COMPUTE_TYPES if device == "cuda" else cpu_types(device),
+    )
+    monkeypatch.setattr(ctranslate2, "Translator", translator)
+    return built
+
+
+def test_auto_device_falls_back_to_the_cpu_in_one_line_where_the_cuda_libraries_do_not_load(
+    trained_model_dir, tmp_path, monkeypatch, caplog, capsys
+):
+    exported = export_ctranslate2(trained_model_dir, str(tmp_path / "ct2"))
+    expected = load_ctranslate2_translator(exported, threads=1).translate(["w1 w2 w3"])
+    built = stub_one_gpu(monkeypatch, libraries_load=False)
+
+    with caplog.at_level("WARNING", logger="vanilla_transformer.inference.ctranslate2"):
+        translator = load_ctranslate2_translator(exported, device="auto", threads=1)
+    assert built == ["cuda", "cpu"]  # tried on the GPU, which failed at its first token
+    assert [record.getMessage() for record in caplog.records] == [FALLBACK]
+    assert translator.translator.device == "cpu" and translator.translate(["w1 w2 w3"]) == expected == ["w3 w2 w1"]
+
+    # translate.py's default device is auto: the same line, then the translations
+    caplog.clear()
+    load_script("translate").main(["--model_dir", exported, "--engine", "ctranslate2", "--text", "w1 w2 w3"])
+    assert [record.getMessage() for record in caplog.records] == [FALLBACK]
+    assert capsys.readouterr().out == "w3 w2 w1\n"
+
+    # where the libraries load, auto is the GPU, silently
+    caplog.clear()
+    built = stub_one_gpu(monkeypatch, libraries_load=True)
+    assert load_ctranslate2_translator(exported, device="auto").translator.device == "cuda"
+    assert built == ["cuda"] and not caplog.records
+
+
+def test_cuda_asked_for_where_its_libraries_do_not_load_is_a_one_line_error(trained_model_dir, tmp_path, monkeypatch):
+    exported = export_ctranslate2(trained_model_dir, str(tmp_path / "ct2"))
+    stub_one_gpu(monkeypatch, libraries_load=False)
+    with pytest.raises(RuntimeError, match=f"^CTranslate2 cannot translate on cuda: {CUDA_LIBRARY_ERROR}$"):
+        load_ctranslate2_translator(exported, device="cuda")
+    with pytest.raises(
+        SystemExit, match=f"^translate.py: error: CTranslate2 cannot translate on cuda: {CUDA_LIBRARY_ERROR}$"
+    ):
+        load_script("translate").main(
+            ["--model_dir", exported, "--engine", "ctranslate2", "--device", "cuda", "--text", "w1"]
+        )
+    # a CUDA runtime the driver cannot run: CTranslate2's device count raises, and auto is the CPU
+    monkeypatch.setattr(ctranslate2, "get_cuda_device_count", lambda: (_ for _ in ()).throw(RuntimeError("driver")))
+    assert load_ctranslate2_translator(exported, device="auto", threads=1).translator.device == "cpu"
+
+
+def test_a_compute_type_the_device_cannot_run_is_a_clear_error_naming_those_it_can(
+    trained_model_dir, tmp_path, monkeypatch
+):
+    exported = export_ctranslate2(trained_model_dir, str(tmp_path / "ct2"))
+    cpu_types = ctranslate2.get_supported_compute_types("cpu")
+    # CTranslate2 computes in none of these on a CPU
+    unsupported = next(t for t in ("float16", "int8_float16", "int8_bfloat16") if t not in cpu_types)
+    with pytest.raises(
+        ValueError, match=f"^compute_type='{unsupported}' is not supported on cpu by CTranslate2"
+    ) as error:
+        load_ctranslate2_translator(exported, device="cpu", compute_type=unsupported)
+    assert f"supported there: {', '.join(sorted(cpu_types))}, or default" in str(error.value)
+
+    stub_one_gpu(monkeypatch, libraries_load=True)
+    for device in ("cuda", "auto"):  # int16 has no CUDA kernels
+        with pytest.raises(ValueError, match="compute_type='int16' is not supported on cuda") as error:
+            load_ctranslate2_translator(exported, device=device, compute_type="int16")
+        assert f"supported there: {', '.join(sorted(CUDA_COMPUTE_TYPES))}, or default" in str(error.value)
+    assert load_ctranslate2_translator(
+        exported, device="cuda", compute_type="int8_float16"
+    ).translator.compute_type == ("int8_float16")
+    with pytest.raises(SystemExit, match=r"^translate.py: error: compute_type='int16' is not supported on cuda"):
+        load_script("translate").main(
+            ["--model_dir", exported, "--engine", "ctranslate2", "--compute_type", "int16", "--text", "w1"]
+        )
+
+
+def test_translate_script_turns_an_error_during_translation_into_one_line(trained_model_dir, tmp_path, monkeypatch):
+    """A GPU out of memory, or a library that loads only at the first batch, fails inside the translation."""
+    from vanilla_transformer.inference import ctranslate2 as engine
+
+    def out_of_memory(self, sentences, **options):
+        raise RuntimeError("CUDA failed with error out of memory\n(a long C++ trace)")
+
+    monkeypatch.setattr(engine.CTranslate2Translator, "translate", out_of_memory)
+    exported = export_ctranslate2(trained_model_dir, str(tmp_path / "ct2"))
+    with pytest.raises(SystemExit, match=r"^translate.py: error: CUDA failed with error out of memory$"):
+        load_script("translate").main(
+            ["--model_dir", exported, "--engine", "ctranslate2", "--device", "cpu", "--text", "w1", "--threads", "1"]
+        )
 
 
 # --------------------------------------------------------------------------------------------------------------------

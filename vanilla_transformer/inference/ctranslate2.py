@@ -27,6 +27,7 @@ the position-table size and the quantization), so that it translates on its own.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
 import tempfile
@@ -42,6 +43,8 @@ COMPUTE_TYPES = ("default", "auto", "int8", "int8_float32", "int8_float16", "int
 COMPUTE_TYPES += ("float32", "float16", "bfloat16")
 EXPORT_INFO = "vanilla_transformer_ctranslate2.json"
 _PLACEHOLDER = "<unused{}>"  # vocabulary entries for embedding rows the tokenizer has no token for
+
+logger = logging.getLogger(__name__)
 
 
 def require_ctranslate2():
@@ -393,8 +396,10 @@ def load_ctranslate2_translator(
     quantization: str = "float32",
 ) -> CTranslate2Translator:
     """A `CTranslate2Translator` for an exported folder, or for a saved transformers model folder, which is then
-    exported to a temporary folder with `quantization` first. `compute_type`: CTranslate2's type for computing
-    (default: the exported one); `threads`: CPU threads per batch (default: CTranslate2's, one per core);
+    exported to a temporary folder with `quantization` first. `device`: cpu, cuda, or auto (a GPU where CTranslate2
+    sees one and its CUDA libraries load, else the CPU, with a one-line warning saying why). `compute_type`:
+    CTranslate2's type for computing (default: the exported one; one the device cannot run is a ValueError naming
+    those it can); `threads`: CPU threads per batch (default: CTranslate2's, one per core);
     `inter_threads`: batches translated at once, each on `threads` threads (threads × inter_threads should not exceed
     the idle cores; measurements in docs/performance.md)."""
     ctranslate2 = require_ctranslate2()
@@ -419,11 +424,60 @@ def load_ctranslate2_translator(
             )
     with open(os.path.join(path, EXPORT_INFO), encoding="utf-8") as f:
         info = json.load(f)
-    translator = ctranslate2.Translator(
-        path, device=device, compute_type=compute_type, intra_threads=threads or 0, inter_threads=inter_threads
-    )
     tokenizer = AutoTokenizer.from_pretrained(path)
+    options = dict(compute_type=compute_type, intra_threads=threads or 0, inter_threads=inter_threads)
+    translator = _translator(ctranslate2, path, device, [tokenizer.eos_token], options)
     return CTranslate2Translator(translator, tokenizer, int(info["max_positions"]), _generation_defaults(path))
+
+
+def check_compute_type(ctranslate2, device: str, compute_type: str) -> None:
+    """Raise a one-line ValueError when CTranslate2 cannot compute in `compute_type` on `device` on this machine (e.g.
+    int16 on CUDA), naming the types it can (``ctranslate2.get_supported_compute_types``). "default" and "auto" always
+    do. Raises RuntimeError where CTranslate2 cannot query a CUDA device at all."""
+    if compute_type in ("default", "auto"):
+        return
+    supported = ctranslate2.get_supported_compute_types(device)
+    if compute_type not in supported:
+        raise ValueError(
+            f"compute_type={compute_type!r} is not supported on {device} by CTranslate2 on this machine; supported "
+            f"there: {', '.join(sorted(supported))}, or default (the exported type) or auto."
+        )
+
+
+def _translator(ctranslate2, path: str, device: str, probe: list[str], options: dict):
+    """The ``ctranslate2.Translator`` of `path` on `device`; "auto": on a GPU where CTranslate2 sees one and can
+    translate on it, else on the CPU, saying why in one line."""
+    if device != "auto":
+        try:
+            return _translator_on(ctranslate2, path, device, probe, options)
+        except (RuntimeError, OSError) as error:
+            if device == "cpu":
+                raise
+            raise RuntimeError(f"CTranslate2 cannot translate on {device}: {_first_line(error)}") from None
+    try:
+        gpus = ctranslate2.get_cuda_device_count()
+    except RuntimeError:  # a CUDA runtime the driver cannot run
+        gpus = 0
+    if gpus:
+        try:
+            return _translator_on(ctranslate2, path, "cuda", probe, options)
+        except (RuntimeError, OSError) as error:
+            logger.warning("CTranslate2: CUDA libraries did not load (%s); translating on the CPU", _first_line(error))
+    return _translator_on(ctranslate2, path, "cpu", probe, options)
+
+
+def _translator_on(ctranslate2, path: str, device: str, probe: list[str], options: dict):
+    check_compute_type(ctranslate2, device, options["compute_type"])
+    translator = ctranslate2.Translator(path, device=device, **options)
+    if device != "cpu":
+        # CTranslate2 loads its CUDA libraries (cuBLAS, ...) at the first translation, so a wheel built for another
+        # CUDA than the machine's fails there, not here: one token now, instead of a traceback at the first batch
+        translator.translate_batch([probe], beam_size=1, max_decoding_length=1)
+    return translator
+
+
+def _first_line(error: BaseException) -> str:
+    return str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
 
 
 __all__ = [
@@ -431,6 +485,7 @@ __all__ = [
     "CTranslate2Translator",
     "INSTALL_HINT",
     "QUANTIZATIONS",
+    "check_compute_type",
     "export_ctranslate2",
     "is_ctranslate2_export",
     "load_ctranslate2_translator",
