@@ -30,6 +30,7 @@ BENCHMARKS = {
     "build_mo_corpus": "an English->French corpus from the gettext catalogs installed on this machine",
     "summarize": "mean ± standard deviation over seeds of anchor.py / recipe.py results, by validation BLEU",
     "seeds": "anchor.py or recipe.py once per seed, unattended (one core each), then summarize's table",
+    "gpu_check": "ten minutes on a GPU: the losses, train.py (bf16, fp16, compile, FSDP2), generation, Marian (gpu.sh)",
 }
 
 

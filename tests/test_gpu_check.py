@@ -1,0 +1,120 @@
+"""benchmarks/gpu.sh's driver benchmarks/gpu_check.py: a stage cut off by its time limit loses only itself, and the
+budget skips what no longer fits.
+
+What only a GPU can show (the figures, CUDA kernels, NCCL, compiled kernels) is what gpu.sh is for; nothing here
+asserts a speed."""
+
+import json
+import os
+import sys
+import time
+
+import pytest
+from conftest import load_script
+
+gpu_check = load_script("gpu_check", folder="benchmarks")
+
+
+@pytest.mark.parametrize(
+    "name, tflops",
+    [
+        ("NVIDIA H100 80GB HBM3", 989.0),
+        ("NVIDIA H100 PCIe", 756.0),
+        ("NVIDIA H100 NVL", 835.0),
+        ("NVIDIA H200", 989.0),
+        ("NVIDIA A100-SXM4-80GB", 312.0),
+        ("NVIDIA GeForce RTX 4090", None),
+        (None, None),
+    ],
+)
+def test_datasheet_peak_is_known_for_the_table_s_gpus_only(name, tflops):
+    peak = gpu_check.datasheet_bf16_flops(name)
+    assert peak == (tflops * 1e12 if tflops else None)
+
+
+def test_requirements_come_from_setup_cfg_without_torch_and_missing_ones_are_found():
+    wanted = gpu_check.requirements()
+    names = [line.split(">")[0].split("=")[0].split("<")[0] for line in wanted]
+    assert names[0] == "transformers" and {"datasets", "accelerate", "sacrebleu", "ctranslate2"} <= set(names)
+    assert "torch" not in names and not any("[" in line for line in wanted)
+    assert "transformers>=5.24,<6" in wanted
+    installed = f"pytest>={pytest.__version__}"
+    missing = ["surely-no-such-package-here>=1", "pytest>=999"]
+    assert gpu_check.missing_requirements([installed, *missing]) == missing
+
+
+def test_a_stage_past_its_limit_is_stopped_with_what_it_started(tmp_path):
+    """The stage's process and a process it started in a session of its own (as torchrun starts its workers) end;
+    what the stage printed before is kept."""
+    pid_file = tmp_path / "grandchild.pid"
+    code = (
+        "import subprocess, sys, time\n"
+        "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'], start_new_session=True)\n"
+        f"open({str(pid_file)!r}, 'w').write(str(child.pid))\n"
+        "print('started', flush=True)\n"
+        "time.sleep(60)\n"
+    )
+    log = tmp_path / "log.txt"
+    start = time.monotonic()
+    status, seconds, output = gpu_check.run_logged([sys.executable, "-c", code], dict(os.environ), 3, str(log), "t")
+    assert status == "timeout: stopped after 3 s" and time.monotonic() - start < 20
+    assert "started" in output and "===== t (at most 3 s) =====" in log.read_text()
+    grandchild = int(pid_file.read_text())
+    for _ in range(50):  # SIGKILLed; gone once reaped (it was reparented to init)
+        if not os.path.exists(f"/proc/{grandchild}") or "Z" in open(f"/proc/{grandchild}/stat").read().split()[2]:
+            break
+        time.sleep(0.1)
+    else:
+        pytest.fail("the stage's own child was left running")
+
+
+def test_each_result_is_kept_when_a_later_stage_fails_or_runs_out_of_time(tmp_path, monkeypatch, capsys):
+    """Rows a stage wrote before it was stopped stay; stages that need CUDA are skipped on a CPU, and so is a stage
+    the budget no longer fits; the summary table and the JSON hold them all."""
+    calls = []
+
+    def fake_run(command, env, limit, log_path, title):
+        calls.append(title)
+        results = command[command.index("--output_dir") + 1] + "/" + gpu_check.RESULTS
+        gpu_check.append_row(results, {"stage": title, "check": "first", "status": "ok", "value": 1.5})
+        if title == "losses":
+            return f"timeout: stopped after {limit:.0f} s", limit, "a stage cut off\n"
+        time.sleep(0.3 if title == "train_bf16" else 0)
+        return "ok", 0.1, ""
+
+    monkeypatch.setattr(gpu_check, "run_logged", fake_run)
+    monkeypatch.setattr(gpu_check, "MIN_STAGE_S", 1)
+    out = tmp_path / "out"
+    summary = gpu_check.main(
+        ["--device", "cpu", "--output_dir", str(out), "--work_dir", str(tmp_path / "work"), "--budget_s", "1.2"]
+        + ["--stages", "losses", "train_fp16", "train_bf16", "translate"]
+    )
+    assert calls == ["losses", "train_bf16"]  # train_fp16 needs CUDA; translate no longer fits the budget
+    rows = [(row["stage"], row["check"], row["status"]) for row in summary["rows"]]
+    assert rows == [
+        ("losses", "first", "ok"),
+        ("losses", "stage", "timeout: stopped after 1 s (a stage cut off)"),
+        ("train_fp16", "stage", "skipped: needs CUDA (fp16 mixed precision with the GradScaler is for GPUs)"),
+        ("train_bf16", "first", "ok"),
+        ("train_bf16", "stage", "ok"),
+        ("translate", "stage", rows[-1][2]),
+    ]
+    assert rows[-1][2].startswith("skipped: out of time")
+    assert json.loads((out / gpu_check.SUMMARY).read_text())["rows"] == summary["rows"]
+    assert len((out / gpu_check.RESULTS).read_text().splitlines()) == 6
+    table = capsys.readouterr().out
+    assert "| losses | first | ok | value=1.5 |" in table and "5 passed, 1 failed (of 6 results)" in table
+
+
+def test_recompiles_are_counted_from_torch_s_log():
+    output = (
+        "V1207 [0/1] [__recompiles] Recompiling function forward in modeling.py:604\n"
+        "V1207 [0/1] [__recompiles]     triggered by the following guard failure(s):\n"
+        "V1207 [0/1] [__recompiles]     - 0/0: tensor 'input_ids' size mismatch at index 1. expected 8, actual 16\n"
+        "V1207 [0/2] [__recompiles] Recompiling function forward in modeling.py:604\n"
+    )
+    assert gpu_check.count_recompiles(output) == (
+        2,
+        "0/0: tensor 'input_ids' size mismatch at index 1. expected 8, actual 16",
+    )
+    assert gpu_check.count_recompiles("no compile here") == (0, None)
