@@ -1,53 +1,59 @@
 #!/usr/bin/env bash
-# One GPU run of benchmarks/model_speed.py (written for one H200; at most 3.5 minutes): the paper's base size, bf16 autocast
-# (fp32 master weights, bf16 matmuls; the loss in fp32), VanillaTransformer against MarianMTModel interleaved in the
-# same process, and the MFU of the training step against the bf16 torch.matmul peak measured in the same run.
+# Ten minutes on a fresh one-GPU machine, offline: install what it lacks, then run benchmarks/gpu_check.py's stages
+# (each under its own time limit; what each verifies: its docstring, or docs/performance.md, "Checking a GPU machine").
 #
-#   OUT=/some/folder bash benchmarks/gpu.sh
+#   python benchmarks/prepare_gpu_wheels.py    # beforehand, where PyPI is reachable: the wheels, in .whl/
+#   OUT=/some/folder bash benchmarks/gpu.sh    # on the GPU machine, with .whl/ beside the repository's files
+#   bash benchmarks/gpu.sh --device cpu        # the dry run (tiny sizes; the checks that need CUDA are skipped)
 #
-# Two stages (a third, optional), each under its own timeout so that a slow one cannot eat the others' results; the
-# JSON is rewritten after every row, so a stage cut short still leaves the rows it finished:
-#   1. eager: training step (batch 256 × 128 source / 128 target tokens), greedy and beam-4 generation (batch 16 ×
-#      32 source tokens, exactly 64 new tokens), training peak memory (torch.cuda.max_memory_allocated in fresh
-#      processes);
-#   2. torch.compile(model) training step (the MFU target is >= 40% of the measured bf16 peak);
-#   3. only with STATIC=1: greedy generation with the static cache and a compiled decoding step.
-# Results: $OUT/gpu_<stage>.json, the tables in $OUT/gpu_<stage>.txt, progress in .log, versions in $OUT/env.txt.
+# Results: $OUT (default outputs/gpu-check): gpu_check.jsonl (a line per result, written as it comes),
+# gpu_check.json and gpu_check.log (every stage's output); the summary table on stdout.
+# --no-install: install nothing (the dry run in the tests). Other flags go to gpu_check.py (--stages, --budget_s, ...).
+# The whole run, installation included, keeps within GPU_CHECK_SECONDS (default 540).
 set -uo pipefail
 
-cd "$(dirname "$0")/.."
-OUT="${OUT:-outputs/gpu}"
-mkdir -p "$OUT"
+ROOT="$(cd "$(dirname "$0")/.." && pwd)"
+cd "$ROOT"
+PYTHON="${PYTHON:-python3}"
+install=1
+args=()
+for arg in "$@"; do
+    if [ "$arg" = "--no-install" ]; then install=0; else args+=("$arg"); fi
+done
+# nothing is fetched from the Hub or anywhere else: a lookup that cannot succeed would only wait for its timeout
+export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false PYTHONUNBUFFERED=1
+export PIP_DISABLE_PIP_VERSION_CHECK=1
 
-# The package needs transformers >= 5.24. A GPU image with an older one gets the wheels found in .whl/ (fetched
-# beforehand with `pip download transformers==5.24.0 tokenizers==0.23.3 --no-deps -d .whl`, tokenizers with
-# --platform/--python-version matching the GPU machine, and carried along with the repository).
-if ls .whl/transformers-*.whl > /dev/null 2>&1; then
-    pip install --no-deps -q .whl/transformers-*.whl .whl/tokenizers-*.whl || echo "could not install the wheels in .whl/"
-fi
-python -c "import vanilla_transformer" 2>/dev/null || pip install -e . --no-deps -q
-{
-    nvidia-smi --query-gpu=name,memory.total,clocks.max.sm,power.limit --format=csv || true
-    python -c "import torch, transformers; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'transformers', transformers.__version__)"
-} > "$OUT/env.txt" 2>&1
-cat "$OUT/env.txt"
-
-COMMON=(--device cuda --dtype bf16 --sizes base --threads 4 --gemm_size 8192
-        --train_batch_size 256 --train_src_len 128 --train_tgt_len 128)
-
-stage() {  # stage NAME SECONDS ARGS...
-    local name=$1 seconds=$2
-    shift 2
-    echo "=== $name (at most ${seconds}s)"
-    timeout --signal=INT "$seconds" python benchmarks/model_speed.py "${COMMON[@]}" "$@" \
-        --output_file "$OUT/gpu_$name.json" > "$OUT/gpu_$name.txt" 2> "$OUT/gpu_$name.log"
-    echo "exit status $?"
-    cat "$OUT/gpu_$name.txt"
-    tail -n 5 "$OUT/gpu_$name.log"
+# Where `import vanilla_transformer` leads when run from outside the repository (from inside, the working directory
+# on sys.path would find this checkout whatever is installed).
+package_root() {
+    (cd / && "$PYTHON" -c "import os, vanilla_transformer as v; print(os.path.dirname(os.path.dirname(os.path.realpath(v.__file__))))" 2>/dev/null)
 }
 
-stage eager 85 --rows train greedy beam memory --pairs 5 --warmup 2 --memory_rounds 1 --memory_steps 2
-stage compiled 125 --rows train_compiled --pairs 8 --compile_warmup 2
-if [ "${STATIC:-0}" = 1 ]; then
-    stage static 90 --rows greedy_static_compiled --pairs 3 --compile_warmup 2
+if [ "$install" = 1 ]; then
+    # The package's requirements this Python lacks (never torch: the machine's is built for its CUDA), from the
+    # wheels prepared beforehand; pip keeps what is installed and satisfies them, and takes the rest from .whl/.
+    missing=$("$PYTHON" benchmarks/gpu_check.py --missing)
+    if [ -n "$missing" ] && [ -d .whl ]; then
+        while read -r requirement; do
+            echo "gpu.sh: installing $requirement from .whl/"
+            "$PYTHON" -m pip install -q --no-index --find-links .whl "$requirement" \
+                || echo "gpu.sh: could not install $requirement from .whl/ (the stages that need it will say so)"
+        done <<< "$missing"
+    elif [ -n "$missing" ]; then
+        echo "gpu.sh: missing, and no .whl/ folder (python benchmarks/prepare_gpu_wheels.py makes it):" $missing
+    fi
+    if [ "$(package_root)" != "$ROOT" ]; then
+        "$PYTHON" -m pip install -q --no-index --no-build-isolation --no-deps -e . \
+            || echo "gpu.sh: pip install -e . failed"
+    fi
 fi
+if [ "$(package_root)" != "$ROOT" ]; then
+    echo "gpu.sh: vanilla_transformer is not installed from $ROOT; using it through PYTHONPATH"
+    export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
+fi
+still_missing=$("$PYTHON" benchmarks/gpu_check.py --missing)
+[ -z "$still_missing" ] || echo "gpu.sh: still missing:" $still_missing
+
+budget=$(( ${GPU_CHECK_SECONDS:-540} - SECONDS ))
+exec "$PYTHON" benchmarks/gpu_check.py --budget_s "$budget" ${args[@]+"${args[@]}"}

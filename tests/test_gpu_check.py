@@ -1,16 +1,18 @@
-"""benchmarks/gpu.sh's driver benchmarks/gpu_check.py: a stage cut off by its time limit loses only itself, and the
-budget skips what no longer fits.
+"""benchmarks/gpu.sh and its driver benchmarks/gpu_check.py: the CPU dry run runs every stage that a CPU can (the
+others say they need CUDA), a stage cut off by its time limit loses only itself, and the budget skips what no longer
+fits.
 
 What only a GPU can show (the figures, CUDA kernels, NCCL, compiled kernels) is what gpu.sh is for; nothing here
 asserts a speed."""
 
 import json
 import os
+import subprocess
 import sys
 import time
 
 import pytest
-from conftest import load_script
+from conftest import ROOT, load_script
 
 gpu_check = load_script("gpu_check", folder="benchmarks")
 
@@ -118,3 +120,52 @@ def test_recompiles_are_counted_from_torch_s_log():
         "0/0: tensor 'input_ids' size mismatch at index 1. expected 8, actual 16",
     )
     assert gpu_check.count_recompiles("no compile here") == (0, None)
+
+
+@pytest.mark.slow
+def test_cpu_dry_run_runs_every_stage_a_cpu_can(tmp_path):
+    """`bash benchmarks/gpu.sh --device cpu`: the stages run at tiny sizes through the same code as on a GPU, the
+    CUDA-only ones are skipped with a line saying so, and every result is in the table and the JSON file."""
+    env = dict(
+        os.environ,
+        PYTHONPATH=str(ROOT),
+        HF_DATASETS_CACHE=str(tmp_path / "datasets-cache"),
+        OMP_NUM_THREADS="1",
+        GPU_CHECK_SECONDS="1500",
+    )
+    out = tmp_path / "out"
+    completed = subprocess.run(
+        ["bash", str(ROOT / "benchmarks" / "gpu.sh"), "--no-install", "--device", "cpu"]
+        + ["--output_dir", str(out), "--work_dir", str(tmp_path / "work")],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=1500,
+        check=False,
+    )
+    log = (out / gpu_check.LOG).read_text() if (out / gpu_check.LOG).exists() else ""
+    assert completed.returncode == 0, completed.stdout[-3000:] + completed.stderr[-3000:] + log[-5000:]
+    summary = json.loads((out / gpu_check.SUMMARY).read_text())
+    by_stage = {}
+    for row in summary["rows"]:
+        by_stage.setdefault(row["stage"], []).append(row)
+    assert list(by_stage) == list(gpu_check.STAGES)
+    bad = [row for row in summary["rows"] if not row["status"].startswith(("ok", "skipped", "not supported"))]
+    assert not bad, json.dumps(bad, indent=1) + log[-5000:]
+    [fp16] = by_stage["train_fp16"]
+    assert fp16["status"].startswith("skipped: needs CUDA")
+    checks = {(row["stage"], row["check"]) for row in summary["rows"]}
+    for path in ("logits", "fused"):
+        for dtype in ("fp32", "bf16 autocast", "fp16 autocast"):
+            assert ("losses", f"{path} loss, {dtype}") in checks
+    assert {("train_bf16", "train.py --bf16"), ("train_compile", "train.py --torch_compile true")} <= checks
+    assert ("fsdp", "FSDP2 save and --resume_from_checkpoint last") in checks
+    assert {("static_cache", "greedy, static cache against dynamic"), ("translate", "ctranslate2 --device auto")} <= (
+        checks
+    )
+    assert ("marian_speed", "tiny training step against Marian") in checks
+    flex = [row for row in by_stage["flex"] if row["check"] != "stage"]
+    assert flex and all(row["status"] in ("ok", "not supported", "skipped: needs CUDA") for row in flex)
+    compile_stage = next(row for row in by_stage["train_compile"] if row["check"] == "stage")
+    assert compile_stage["recompiles"] >= 1  # TORCH_LOGS=recompiles reached the stage's log
+    assert "| losses | fused loss, bf16 autocast | ok |" in completed.stdout
