@@ -31,6 +31,7 @@ BENCHMARKS = {
     "summarize": "mean ± standard deviation over seeds of anchor.py / recipe.py results, by validation BLEU",
     "seeds": "anchor.py or recipe.py once per seed, unattended (one core each), then summarize's table",
     "gpu_check": "ten minutes on a GPU: the losses, train.py (bf16, fp16, compile, FSDP2), generation, Marian (gpu.sh)",
+    "prepare_gpu_wheels": "the wheels gpu.sh installs on a GPU machine that can fetch nothing, into .whl/",
 }
 
 

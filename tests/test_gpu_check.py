@@ -1,6 +1,6 @@
 """benchmarks/gpu.sh and its driver benchmarks/gpu_check.py: the CPU dry run runs every stage that a CPU can (the
-others say they need CUDA), a stage cut off by its time limit loses only itself, and the budget skips what no longer
-fits.
+others say they need CUDA), a stage cut off by its time limit loses only itself, the budget skips what no longer
+fits, and the wheel folder carries what the package needs without torch.
 
 What only a GPU can show (the figures, CUDA kernels, NCCL, compiled kernels) is what gpu.sh is for; nothing here
 asserts a speed."""
@@ -120,6 +120,29 @@ def test_recompiles_are_counted_from_torch_s_log():
         "0/0: tensor 'input_ids' size mismatch at index 1. expected 8, actual 16",
     )
     assert gpu_check.count_recompiles("no compile here") == (0, None)
+
+
+def test_the_wheel_folder_carries_what_the_package_needs_but_not_torch_and_what_only_torch_needs():
+    prepare = load_script("prepare_gpu_wheels", folder="benchmarks")
+
+    def item(name, requires=(), requested=False):
+        return {"metadata": {"name": name, "version": "1", "requires_dist": list(requires)}, "requested": requested}
+
+    items = [
+        item("transformers", ["huggingface-hub>=2", "numpy"], requested=True),
+        item("accelerate", ["torch>=2", "huggingface_hub"], requested=True),
+        item("huggingface_hub", ["filelock", "hf-xet; platform_machine == 'x86_64'", "tomli; python_version < '3.11'"]),
+        item("torch", ["filelock", "nvidia-cublas-cu12; platform_system == 'Linux'", "sympy"]),
+        item("filelock"),
+        item("hf-xet"),
+        item("tomli"),
+        item("numpy"),
+        item("nvidia-cublas-cu12"),
+        item("sympy"),
+    ]
+    kept = [entry["metadata"]["name"] for entry in prepare.needed(items, "3.12", {"torch", "numpy"})]
+    assert kept == ["accelerate", "filelock", "hf-xet", "huggingface_hub", "transformers"]
+    assert "tomli" in [entry["metadata"]["name"] for entry in prepare.needed(items, "3.10", {"torch", "numpy"})]
 
 
 @pytest.mark.slow
