@@ -317,6 +317,26 @@ def test_incremental_decoding_matches_full_forward():
     torch.testing.assert_close(stepwise, full, atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("use_cache", [False, True, None])
+def test_a_given_cache_is_used_whatever_use_cache_says(use_cache):
+    """As in Marian and BART, `use_cache` only asks for a new cache: a continuation from a given one (peft's
+    PrefixTuning passes its prefix so, with labels, which set use_cache=False) equals the full forward, and the cache
+    holds the past and the new tokens."""
+    model = tiny_model()
+    ids, mask = source_batch()
+    decoder_ids = torch.randint(3, 64, (3, 7))
+    full = model(input_ids=ids, attention_mask=mask, decoder_input_ids=decoder_ids).logits
+    past = model(input_ids=ids, attention_mask=mask, decoder_input_ids=decoder_ids[:, :3], use_cache=True).cache
+    rest = model(
+        input_ids=ids, attention_mask=mask, decoder_input_ids=decoder_ids[:, 3:], cache=past, use_cache=use_cache
+    )
+    torch.testing.assert_close(rest.logits, full[:, 3:], atol=1e-5, rtol=1e-5)
+    assert rest.cache is past and past.get_seq_length() == 7
+    labels = decoder_ids[:, 3:]
+    with_labels = model(input_ids=ids, attention_mask=mask, decoder_input_ids=labels, cache=past, labels=labels)
+    assert with_labels.logits.shape == (3, 4, 64)  # read the cache (10 positions then), not failed on the mask
+
+
 def test_past_key_values_is_still_accepted():
     model = tiny_model()
     ids, _ = source_batch(1, pad_last=False)

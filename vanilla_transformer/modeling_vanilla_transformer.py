@@ -439,6 +439,8 @@ class Decoder(VanillaTransformerPreTrainedModel):
             encoder_hidden_states=encoder_hidden_states,
             encoder_attention_mask=encoder_attention_mask,
         )
+        # As in Marian and BART, `use_cache` only asks for a new cache: a given one (a prefix, e.g. peft's
+        # PrefixTuning, or the past of a continuation) is read and extended whatever it says
         if use_cache and cache is None:
             cache = EncoderDecoderCache(DynamicCache(config=self.config), DynamicCache(config=self.config))
         hidden_states = self.embeddings(input_ids, inputs_embeds, past=past_length)
@@ -462,14 +464,12 @@ class Decoder(VanillaTransformerPreTrainedModel):
                 causal_mask,
                 encoder_hidden_states,  # positional, so gradient checkpointing sees it
                 encoder_attention_mask=cross_mask,
-                cache=cache if use_cache else None,
+                cache=cache,
                 **kwargs,
             )
         if self.layer_norm is not None:
             hidden_states = self.layer_norm(hidden_states)
-        return BaseModelOutputWithPastAndCrossAttentions(
-            last_hidden_state=hidden_states, cache=cache if use_cache else None
-        )
+        return BaseModelOutputWithPastAndCrossAttentions(last_hidden_state=hidden_states, cache=cache)
 
 
 class VanillaTransformerModel(VanillaTransformerPreTrainedModel):
