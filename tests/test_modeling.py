@@ -462,19 +462,58 @@ def test_attention_backend_kwargs_reach_the_attention_function():
     assert sorted(calls) == sorted([(False, False, "seen")] * 2 + [(True, False, "seen"), (False, True, "seen")] * 2)
 
 
-def test_decoding_steps_read_no_id_values_on_an_accelerator(monkeypatch):
-    """Reading the id range costs a device sync on a GPU; during generate it happens where the ids enter (the source
-    and the first decoder step), never once per generated token. CPU stands in for an accelerator here."""
+# the Python entry points through which a tensor's value reaches the host (a device sync on an accelerator)
+HOST_READS = ("item", "tolist", "numpy", "__bool__", "__int__", "__float__", "__index__")
+
+
+@pytest.fixture
+def plugin_host_reads(monkeypatch):
+    """Counts the reads of tensor values that the plug-in's own code makes (the caller's file is a file a checkpoint
+    carries), with the input checks treating the CPU as an accelerator, where each read is a device-to-host copy.
+    transformers' own reads (generate's stopping test, its mask shortcuts) and the loss's are not the plug-in's."""
+    monkeypatch.setattr(input_checks, "_HOST_DEVICES", ())
+    plugin = {
+        os.path.abspath(module.__file__)
+        for module in (input_checks, sys.modules[VanillaTransformerForConditionalGeneration.__module__])
+    }
+    reads = []
+    for name in HOST_READS:
+        original = getattr(torch.Tensor, name)
+
+        def counting(self, *args, _name=name, _original=original, **kwargs):
+            caller = sys._getframe(1)
+            if os.path.abspath(caller.f_code.co_filename) in plugin:
+                reads.append(f"{_name} at {os.path.basename(caller.f_code.co_filename)}:{caller.f_lineno}")
+            return _original(self, *args, **kwargs)
+
+        monkeypatch.setattr(torch.Tensor, name, counting)
+    return reads
+
+
+def test_a_training_forward_reads_no_tensor_values_on_an_accelerator(plugin_host_reads):
+    """A sync per step stalls the host that should run ahead of the GPU: the input checks read no values there."""
+    model = tiny_model().train()
+    ids, mask = source_batch()
+    labels = ids.masked_fill(mask == 0, -100)
+    model(input_ids=ids, attention_mask=mask, labels=labels, decoder_attention_mask=mask).loss.backward()
+    assert plugin_host_reads == []
+
+
+def test_static_cache_decoding_steps_read_no_tensor_values_on_an_accelerator(plugin_host_reads):
+    """With a static cache the past length is a device tensor: no decoding step reads it (or the ids)."""
     model = tiny_model()
     ids, mask = source_batch()
-    reads = []
-    monkeypatch.setattr(torch, "aminmax", lambda t, *a, _aminmax=torch.aminmax, **k: reads.append(1) or _aminmax(t))
-    model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=8, min_new_tokens=8)
-    on_cpu = len(reads)
-    reads.clear()
-    monkeypatch.setattr(input_checks, "_HOST_DEVICES", ())
-    model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=8, min_new_tokens=8)
-    assert on_cpu == 1 + 8 and len(reads) == 2  # CPU: every step; accelerator: the source and the first step
+    model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=4, cache_implementation="static")
+    model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=4, num_beams=2, cache_implementation="static")
+    assert plugin_host_reads == []
+
+
+def test_the_host_read_counter_sees_the_checks_on_the_cpu(plugin_host_reads, monkeypatch):
+    """The counter above can fail: with the CPU counted as the host, the id checks read the id range."""
+    monkeypatch.setattr(input_checks, "_HOST_DEVICES", ("cpu",))
+    ids, mask = source_batch()
+    tiny_model()(input_ids=ids, attention_mask=mask, labels=ids)
+    assert len(plugin_host_reads) >= 2 and all("input_checks" in read for read in plugin_host_reads)
 
 
 # ---------------------------------------------------------------- API surface

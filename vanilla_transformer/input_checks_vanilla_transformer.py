@@ -15,17 +15,18 @@ def check_inputs(
     attention_mask: torch.Tensor | None = None,
     *,
     decoder: bool = False,
-    past_length: int = 0,
+    past_length: int | torch.Tensor = 0,
     encoder_hidden_states: torch.Tensor | None = None,
     encoder_attention_mask: torch.Tensor | None = None,
     labels: torch.Tensor | None = None,
 ) -> None:
     """Turn bad inputs into one clear error (argument, value, what is allowed) instead of an IndexError in the
     embedding, a shape error deep in attention, or a silently misaligned mask. Names are those the user passed to the
-    top-level model. Shapes cost nothing; the id range costs one min/max, whose result an accelerator must send to
-    the host, so there it is read where ids enter (the source, labels, a decoder input without a cache) and not at
-    every decoding step, whose ids generate() made. Skipped under torch.compile, whose graphs must not branch on
-    tensor values."""
+    top-level model. Shapes cost nothing and are always checked. Values are read only where they already are on the
+    host (CPU tensors): on an accelerator, reading the id range or a static cache's length (a device tensor) would
+    copy it to the host and stall the queue of kernels, in every training step and every decoding step; an
+    out-of-range id there fails in the embedding instead. Skipped under torch.compile, whose graphs must not branch
+    on tensor values."""
     if torch.compiler.is_compiling():
         return
     prefix = "decoder_" if decoder else ""
@@ -39,7 +40,7 @@ def check_inputs(
             raise ValueError(f"`{name}` must have shape (batch, sequence length), got {tuple(ids.shape)}.")
         if ignore_index is not None:
             ids = ids.masked_fill(ids == ignore_index, 0)
-        if ids.numel() == 0 or (past_length and ids.device.type not in _HOST_DEVICES):
+        if ids.numel() == 0 or ids.device.type not in _HOST_DEVICES:
             return
         low, high = (int(v) for v in torch.aminmax(ids))
         if low < 0 or high >= vocab_size:
@@ -68,16 +69,22 @@ def check_inputs(
             f"`{name}`{made_from} has batch size {batch_size} but the source (`input_ids` or `encoder_outputs`) has "
             f"{encoder_hidden_states.shape[0]}: each target sentence needs its source sentence."
         )
-    # A 4D mask is already prepared (generate builds one for a static cache) and is passed through as it is.
-    masks = [(f"{prefix}attention_mask", attention_mask, (batch_size, past_length + length), name)]
+    # A 4D mask is already prepared (generate builds one for a static cache) and is passed through as it is. A static
+    # cache's length is a tensor on the device, unread here (a sync per decoding step): the batch size is still checked.
+    static_past = isinstance(past_length, torch.Tensor)
+    masks = [
+        (f"{prefix}attention_mask", attention_mask, (batch_size, None if static_past else past_length + length), name)
+    ]
     if encoder_hidden_states is not None:
         masks.append(("attention_mask", encoder_attention_mask, tuple(encoder_hidden_states.shape[:2]), "input_ids"))
-    for mask_name, mask, expected, of in masks:
-        if mask is not None and mask.ndim != 4 and tuple(mask.shape) != expected:
-            what = "past + current tokens" if past_length and of == name else "sequence length"
+    for mask_name, mask, (rows, columns), of in masks:
+        if mask is None or mask.ndim == 4:
+            continue
+        if mask.ndim != 2 or mask.shape[0] != rows or (columns is not None and mask.shape[1] != columns):
+            what = "past + current tokens" if (static_past or past_length) and of == name else "sequence length"
             raise ValueError(
-                f"`{mask_name}` has shape {tuple(mask.shape)} but `{of}` needs {expected} (batch, {what}): "
-                "one 1 (keep) or 0 (padding) per token."
+                f"`{mask_name}` has shape {tuple(mask.shape)} but `{of}` needs ({rows}, {columns or what}) (batch, "
+                f"{what}): one 1 (keep) or 0 (padding) per token."
             )
 
 
