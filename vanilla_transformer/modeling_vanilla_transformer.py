@@ -321,6 +321,7 @@ class VanillaTransformerPreTrainedModel(PreTrainedModel):
     _no_split_modules = ["EncoderLayer", "DecoderLayer"]
     # Declared only what the tests run (on CPU): on a GPU, sdpa itself dispatches to FlashAttention kernels
     _supports_sdpa = True
+    _supports_flex_attn = True
     _supports_attention_backend = True
     _can_compile_fullgraph = True
 
