@@ -487,6 +487,9 @@ class VanillaTransformerModel(VanillaTransformerPreTrainedModel):
                 "encoder.embeddings.embed_tokens.weight": "shared.weight",
                 "decoder.embeddings.embed_tokens.weight": "shared.weight",
             }
+            # Those names are shared.weight itself, never stored: a load reports shared.weight if it is absent, never
+            # them (with the weights offloaded to disk they were left unmarked and reported missing although there)
+            self._keys_to_ignore_on_load_missing = [r"(en|de)coder\.embeddings\.embed_tokens\.weight$"]
         else:
             encoder_embeddings = nn.Embedding(config.vocab_size, config.d_model, config.pad_token_id)
             decoder_embeddings = nn.Embedding(config.decoder_vocab_size, config.d_model, config.pad_token_id)
