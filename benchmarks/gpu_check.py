@@ -571,7 +571,8 @@ def stage_flex(ctx: Context) -> None:
     for name, candidate in (("sdpa", reference), ("flex", model)):
         candidate.zero_grad(set_to_none=True)
         start = time.perf_counter()
-        loss = candidate(**batch).loss
+        with torch.set_grad_enabled(backward):  # on a CPU flex refuses even a forward whose inputs need grad
+            loss = candidate(**batch).loss
         if backward:
             loss.backward()
         results[name] = (loss.detach(), time.perf_counter() - start)
