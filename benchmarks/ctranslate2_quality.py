@@ -25,7 +25,8 @@ import torch
 from transformers import HfArgumentParser
 
 from vanilla_transformer.inference.ctranslate2 import export_ctranslate2, load_ctranslate2_translator
-from vanilla_transformer.inference.translate import load_translator, translate
+from vanilla_transformer.inference.loading import load_translator
+from vanilla_transformer.inference.translate import translate
 
 
 @dataclass

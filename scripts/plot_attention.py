@@ -19,13 +19,13 @@ from transformers import AutoTokenizer, HfArgumentParser
 
 import vanilla_transformer  # noqa: F401  (registers the model with the Auto classes)
 from vanilla_transformer.inference.ctranslate2 import position_table
+from vanilla_transformer.inference.loading import load_trained_model
 from vanilla_transformer.plots.plotting import (
     plot_cross_attention,
     plot_cross_attention_heads,
     plot_positional_encoding,
     translate_with_attention,
 )
-from vanilla_transformer.training.checkpoints import load_trained_model
 
 
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):

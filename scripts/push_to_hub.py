@@ -29,7 +29,7 @@ from safetensors import SafetensorError
 from transformers import AutoModel, HfArgumentParser
 
 from vanilla_transformer.hub.model_card import CTRANSLATE2_FOLDER, write_model_card
-from vanilla_transformer.training.checkpoints import load_trained_model
+from vanilla_transformer.inference.loading import load_trained_model
 
 IGNORE_PATTERNS = ["checkpoint-*", "*.pt", "*.pth", ".git/*"]
 

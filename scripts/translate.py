@@ -28,7 +28,8 @@ from huggingface_hub.errors import StrictDataclassError
 from transformers import HfArgumentParser
 
 import vanilla_transformer  # noqa: F401  (registers the model with the Auto classes)
-from vanilla_transformer.inference.translate import load_translator, translate
+from vanilla_transformer.inference.loading import load_translator
+from vanilla_transformer.inference.translate import translate
 from vanilla_transformer.training.cpu import set_cpu_threads
 
 ENGINES = ("transformers", "ctranslate2")

@@ -176,7 +176,7 @@ def _make_loader(max_positions: int | None):
             spec.register_target_vocabulary(vocabulary(tokenizer, spec.decoder.embeddings.weight.shape[0]))
 
         def set_config(self, config, model, tokenizer):
-            from ..training.tokenizer import check_tokenizer_matches_config
+            from .loading import check_tokenizer_matches_config
 
             check_tokenizer_matches_config(tokenizer, model.config)
             config.bos_token = tokenizer.bos_token
@@ -205,7 +205,7 @@ def export_ctranslate2(
     from ctranslate2.converters import transformers as ct2_transformers
     from transformers import AutoConfig, AutoTokenizer
 
-    from ..training.checkpoints import load_trained_model
+    from .loading import load_trained_model
 
     if quantization not in QUANTIZATIONS:
         raise ValueError(f"quantization={quantization!r} is not supported; allowed: {', '.join(QUANTIZATIONS)}.")

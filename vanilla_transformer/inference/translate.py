@@ -1,28 +1,14 @@
-"""Translating with a trained model: load it, and translate sentences in length-sorted batches with beam search.
-Imports neither datasets nor the training stack."""
+"""Translating with a trained model: sentences in length-sorted batches with beam search (loading it:
+`inference.loading`). Imports neither datasets nor the training stack."""
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Sequence
 
 import torch
-from transformers import AutoTokenizer, PreTrainedModel
+from transformers import PreTrainedModel
 
-from ..training.checkpoints import load_trained_model
-
-
-def load_translator(model_dir: str, device: str | None = None):
-    """(model, tokenizer) from a saved model folder, in eval mode, on `device` (default: GPU if there is one)."""
-    if not os.path.isdir(model_dir):
-        raise ValueError(f"--model_dir {model_dir!r} is not a folder.")
-    if not os.path.isfile(os.path.join(model_dir, "config.json")):
-        raise ValueError(f"--model_dir {model_dir!r} holds no config.json; is it a saved model?")
-    tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    model = load_trained_model(model_dir)
-    if device is None:
-        device = torch.accelerator.current_accelerator().type if torch.accelerator.is_available() else "cpu"
-    return model.to(device).eval(), tokenizer
+from .loading import load_translator  # noqa: F401  (moved there; imported from here too)
 
 
 def translate_in_batches(

@@ -1,5 +1,5 @@
-"""Checkpoint folders: resume training only from ones that were completely written, load a trained model, average
-several checkpoints into one model.
+"""Checkpoint folders: resume training only from ones that were completely written, average several checkpoints into
+one model. (Loading a trained model: `inference.loading.load_trained_model`, also importable from here.)
 
 Resume training only from checkpoints that were completely written.
 
@@ -32,6 +32,7 @@ from transformers.trainer_utils import sort_checkpoints
 from transformers.utils import SAFE_WEIGHTS_INDEX_NAME, SAFE_WEIGHTS_NAME
 from transformers.utils.hub import get_checkpoint_shard_files
 
+from ..inference.loading import load_trained_model  # moved there; imported from here too
 from .sharding import tied_names
 
 logger = logging.getLogger(__name__)
@@ -104,30 +105,6 @@ def last_complete_checkpoint(output_dir: str) -> str | None:
             return folder
         logger.warning("Not resuming from %s: %s.", folder, problem)
     return None
-
-
-def load_trained_model(model_dir: str, model_class=None, **kwargs):
-    """``model_class.from_pretrained(model_dir, **kwargs)`` (default ``AutoModelForSeq2SeqLM``) for a *trained* model:
-    a checkpoint that lacks encoder or decoder weights is refused. ``from_pretrained`` itself, as everywhere in
-    transformers, starts missing weights from ``_init_weights`` and only reports them, which is right for a new task
-    head but leaves a silently untrained model where translations were asked for. A missing task head (e.g. a
-    classification head on a translation checkpoint) is allowed."""
-    if model_class is None:
-        from transformers import AutoModelForSeq2SeqLM as model_class
-    model, info = model_class.from_pretrained(model_dir, output_loading_info=True, **kwargs)
-    prefix = f"{model.base_model_prefix}."
-    missing = sorted(k for k in info["missing_keys"] if k.removeprefix(prefix).split(".")[0] in _MODEL_BODY)
-    if missing:
-        shown = ", ".join(missing[:3]) + (f" and {len(missing) - 3} more" if len(missing) > 3 else "")
-        raise OSError(
-            f"The checkpoint {model_dir!r} lacks {len(missing)} encoder/decoder weight(s) ({shown}): the weights file "
-            "is incomplete or belongs to another model. Re-save or re-download it; to start from random weights on "
-            "purpose, build the model from its config instead."
-        )
-    return model
-
-
-_MODEL_BODY = ("shared", "encoder", "decoder")
 
 
 def load_weights(checkpoint: str) -> dict[str, torch.Tensor]:

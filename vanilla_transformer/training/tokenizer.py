@@ -13,6 +13,8 @@ from collections.abc import Iterable, Iterator
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 from transformers import PreTrainedTokenizerFast
 
+from ..inference.loading import check_tokenizer_matches_config  # noqa: F401  (moved there; imported from here too)
+
 # In id order: the ids match VanillaTransformerConfig's defaults (pad 0, bos = decoder start 1, eos 2) and unk is 3.
 SPECIAL_TOKENS = {"pad_token": "<pad>", "bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>"}
 SPECIAL_TOKEN_IDS = {"pad_token": 0, "bos_token": 1, "eos_token": 2, "unk_token": 3}
@@ -65,29 +67,6 @@ def check_special_tokens(tokenizer, expected: dict[str, int] | None = None, wher
         have = getattr(tokenizer, f"{name}_id", None)
         if have != want:
             raise ValueError(f"{where} has {name}_id={have}, but {want} is required.")
-
-
-def check_tokenizer_matches_config(tokenizer, config, tokenizer_name: str = "the tokenizer") -> None:
-    """The model reads the tokenizer's ids: pad, bos (= decoder start) and eos must agree, and every id must fit the
-    embedding matrix. Raises a one-line ValueError naming the mismatch."""
-    for name in ("pad_token_id", "bos_token_id", "eos_token_id"):
-        have, want = getattr(tokenizer, name), getattr(config, name)
-        # the config may list several eos ids (generation stops at any of them); the tokenizer's must be one of them
-        if have != want and not (isinstance(want, (list, tuple)) and have in want):
-            raise ValueError(
-                f"{tokenizer_name} has {name}={have} but the model config has {name}={want}; use a tokenizer from "
-                f"scripts/train_tokenizer.py or set {name.removesuffix('_id')} in the config (--config_overrides)."
-            )
-    if config.decoder_start_token_id != tokenizer.bos_token_id:
-        raise ValueError(
-            f"the model config has decoder_start_token_id={config.decoder_start_token_id} but {tokenizer_name} has "
-            f"bos_token_id={tokenizer.bos_token_id}; the decoder must start from the bos token."
-        )
-    if len(tokenizer) > min(config.vocab_size, config.decoder_vocab_size):
-        raise ValueError(
-            f"{tokenizer_name} has {len(tokenizer)} tokens but the model's vocabulary holds only "
-            f"{min(config.vocab_size, config.decoder_vocab_size)}."
-        )
 
 
 def iterate_texts(dataset, source_lang: str, target_lang: str, batch_size: int = 1000) -> Iterator[list[str]]:

@@ -1,0 +1,69 @@
+"""Loading a trained model for translating: the model (refused when its encoder or decoder weights are missing), its
+tokenizer, and the check that the two agree. Imports neither datasets nor the training stack."""
+
+from __future__ import annotations
+
+import os
+
+import torch
+from transformers import AutoTokenizer
+
+
+def load_translator(model_dir: str, device: str | None = None):
+    """(model, tokenizer) from a saved model folder, in eval mode, on `device` (default: GPU if there is one)."""
+    if not os.path.isdir(model_dir):
+        raise ValueError(f"--model_dir {model_dir!r} is not a folder.")
+    if not os.path.isfile(os.path.join(model_dir, "config.json")):
+        raise ValueError(f"--model_dir {model_dir!r} holds no config.json; is it a saved model?")
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    model = load_trained_model(model_dir)
+    if device is None:
+        device = torch.accelerator.current_accelerator().type if torch.accelerator.is_available() else "cpu"
+    return model.to(device).eval(), tokenizer
+
+
+def load_trained_model(model_dir: str, model_class=None, **kwargs):
+    """``model_class.from_pretrained(model_dir, **kwargs)`` (default ``AutoModelForSeq2SeqLM``) for a *trained* model:
+    a checkpoint that lacks encoder or decoder weights is refused. ``from_pretrained`` itself, as everywhere in
+    transformers, starts missing weights from ``_init_weights`` and only reports them, which is right for a new task
+    head but leaves a silently untrained model where translations were asked for. A missing task head (e.g. a
+    classification head on a translation checkpoint) is allowed."""
+    if model_class is None:
+        from transformers import AutoModelForSeq2SeqLM as model_class
+    model, info = model_class.from_pretrained(model_dir, output_loading_info=True, **kwargs)
+    prefix = f"{model.base_model_prefix}."
+    missing = sorted(k for k in info["missing_keys"] if k.removeprefix(prefix).split(".")[0] in _MODEL_BODY)
+    if missing:
+        shown = ", ".join(missing[:3]) + (f" and {len(missing) - 3} more" if len(missing) > 3 else "")
+        raise OSError(
+            f"The checkpoint {model_dir!r} lacks {len(missing)} encoder/decoder weight(s) ({shown}): the weights file "
+            "is incomplete or belongs to another model. Re-save or re-download it; to start from random weights on "
+            "purpose, build the model from its config instead."
+        )
+    return model
+
+
+_MODEL_BODY = ("shared", "encoder", "decoder")
+
+
+def check_tokenizer_matches_config(tokenizer, config, tokenizer_name: str = "the tokenizer") -> None:
+    """The model reads the tokenizer's ids: pad, bos (= decoder start) and eos must agree, and every id must fit the
+    embedding matrix. Raises a one-line ValueError naming the mismatch."""
+    for name in ("pad_token_id", "bos_token_id", "eos_token_id"):
+        have, want = getattr(tokenizer, name), getattr(config, name)
+        # the config may list several eos ids (generation stops at any of them); the tokenizer's must be one of them
+        if have != want and not (isinstance(want, (list, tuple)) and have in want):
+            raise ValueError(
+                f"{tokenizer_name} has {name}={have} but the model config has {name}={want}; use a tokenizer from "
+                f"scripts/train_tokenizer.py or set {name.removesuffix('_id')} in the config (--config_overrides)."
+            )
+    if config.decoder_start_token_id != tokenizer.bos_token_id:
+        raise ValueError(
+            f"the model config has decoder_start_token_id={config.decoder_start_token_id} but {tokenizer_name} has "
+            f"bos_token_id={tokenizer.bos_token_id}; the decoder must start from the bos token."
+        )
+    if len(tokenizer) > min(config.vocab_size, config.decoder_vocab_size):
+        raise ValueError(
+            f"{tokenizer_name} has {len(tokenizer)} tokens but the model's vocabulary holds only "
+            f"{min(config.vocab_size, config.decoder_vocab_size)}."
+        )
