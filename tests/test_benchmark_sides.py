@@ -9,24 +9,25 @@ import pytest
 from conftest import load_script
 from transformers import HfArgumentParser, Seq2SeqTrainingArguments
 
+from vanilla_transformer.training import recipe
+
 end_to_end = load_script("end_to_end", folder="benchmarks")
 
 
 def test_each_side_asks_for_its_batching(tmp_path):
     args = end_to_end.parse_arguments(["--data_dir", str(tmp_path), "--run_translation", __file__])
     assert args.sides == list(end_to_end.DEFAULT_SIDES)
-    train = load_script("train")
     chunks = {None: None, False: False, True: True}
     for given, expected in chunks.items():
         command = end_to_end.ours_command(args, str(tmp_path / "run"), length_chunks=given)
-        parsed = train.parse_arguments(command[2:])[2]
+        parsed = recipe.parse_arguments(command[2:])[2]
         assert parsed.length_chunks is expected and parsed.max_tokens_per_batch is None
         assert parsed.include_num_input_tokens_seen == "non_padding"  # every side counts what it trained on
     command = end_to_end.ours_command(args, str(tmp_path / "run"), token_batches=True)
-    assert train.parse_arguments(command[2:])[2].max_tokens_per_batch == 512  # train.py's compact default
+    assert recipe.parse_arguments(command[2:])[2].max_tokens_per_batch == 512  # train.py's compact default
     tokens = end_to_end.parse_arguments(["--data_dir", str(tmp_path), "--max_tokens_per_batch", "300"])
     command = end_to_end.ours_command(tokens, str(tmp_path / "run"), token_batches=True)
-    assert train.parse_arguments(command[2:])[2].max_tokens_per_batch == 300
+    assert recipe.parse_arguments(command[2:])[2].max_tokens_per_batch == 300
     for grouped, strategy in ((False, "random"), (True, "group_by_length")):
         command = end_to_end.run_translation_command(args, str(tmp_path / "run"), group_by_length=grouped)
         parsed = HfArgumentParser(Seq2SeqTrainingArguments).parse_args_into_dataclasses(
@@ -34,15 +35,15 @@ def test_each_side_asks_for_its_batching(tmp_path):
         )[0]
         assert parsed.train_sampling_strategy == strategy
     command = end_to_end.ours_command(args, str(tmp_path / "run"), grouped=True)
-    parsed = train.parse_arguments(command[2:])[2]  # vanilla-grouped: Trainer's stock sampler, as marian-grouped
+    parsed = recipe.parse_arguments(command[2:])[2]  # vanilla-grouped: Trainer's stock sampler, as marian-grouped
     assert parsed.train_sampling_strategy == "group_by_length" and parsed.max_tokens_per_batch is None
     assert parsed.bf16 is False  # float32 on both sides unless --bf16, whatever the CPU
-    assert train.parse_arguments(command[2:])[0].attn_implementation is None  # train.py's choice
+    assert recipe.parse_arguments(command[2:])[0].attn_implementation is None  # train.py's choice
     command = end_to_end.ours_command(args, str(tmp_path / "run"), grouped=True, attn_implementation="sdpa")
-    model_args, _, parsed, _ = train.parse_arguments(command[2:])  # vanilla-grouped-sdpa
+    model_args, _, parsed, _ = recipe.parse_arguments(command[2:])  # vanilla-grouped-sdpa
     assert model_args.attn_implementation == "sdpa" and parsed.train_sampling_strategy == "group_by_length"
     half = end_to_end.parse_arguments(["--data_dir", str(tmp_path), "--run_translation", __file__, "--bf16"])
-    assert train.parse_arguments(end_to_end.ours_command(half, str(tmp_path / "run"))[2:])[2].bf16 is True
+    assert recipe.parse_arguments(end_to_end.ours_command(half, str(tmp_path / "run"))[2:])[2].bf16 is True
     command = end_to_end.run_translation_command(half, str(tmp_path / "run"), group_by_length=True)
     parsed = HfArgumentParser(Seq2SeqTrainingArguments).parse_args_into_dataclasses(
         command[2:], return_remaining_strings=True
@@ -109,12 +110,11 @@ def test_dropout_reaches_both_sides_and_is_checked(tmp_path):
     class Tokenizer(list):
         pad_token_id, eos_token_id = 0, 2
 
-    train = load_script("train")
     for given, expected in ((None, 0.1), ("0", 0.0)):
         flags = [] if given is None else ["--dropout", given]
         args = end_to_end.parse_arguments(["--data_dir", str(tmp_path), *flags])
         assert end_to_end.marian_config(args, Tokenizer(range(300))).dropout == expected
-        overrides = train.parse_arguments(end_to_end.ours_command(args, str(tmp_path / "run"))[2:])[0].config_overrides
+        overrides = recipe.parse_arguments(end_to_end.ours_command(args, str(tmp_path / "run"))[2:])[0].config_overrides
         assert f"dropout={expected}," in overrides
     with pytest.raises(SystemExit):
         end_to_end.parse_arguments(["--data_dir", str(tmp_path), "--dropout", "1.5"])

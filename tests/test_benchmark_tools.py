@@ -8,6 +8,8 @@ import pytest
 import sacrebleu
 from conftest import load_script
 
+from vanilla_transformer.training import recipe
+
 
 def write_mo(path: Path, messages: dict[str, str]) -> None:
     """A GNU .mo file (little-endian, revision 0, no hash table) holding `messages`, sorted by msgid as msgfmt does."""
@@ -142,7 +144,7 @@ def test_end_to_end_driver_gives_train_py_the_marian_side_settings(tmp_path):
     end_to_end = load_script("end_to_end", folder="benchmarks")
     args = end_to_end.parse_arguments(["--data_dir", str(tmp_path), "--max_steps", "7", "--batch_size", "5"])
     command = end_to_end.ours_command(args, str(tmp_path / "run"))
-    model_args, _, training_args, _ = load_script("train").parse_arguments(command[2:])
+    model_args, _, training_args, _ = recipe.parse_arguments(command[2:])
     assert (training_args.max_steps, training_args.per_device_train_batch_size) == (7, 5)
     assert (training_args.label_smoothing_factor, training_args.learning_rate) == (0.1, args.learning_rate)
     assert training_args.max_tokens_per_batch is None and training_args.threads == 1

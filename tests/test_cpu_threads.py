@@ -11,7 +11,7 @@ import torch
 from conftest import TINY_OVERRIDES, load_script
 from transformers import TrainerCallback
 
-from vanilla_transformer.training import cpu
+from vanilla_transformer.training import cpu, recipe
 
 
 @pytest.fixture(autouse=True)
@@ -148,7 +148,7 @@ def test_the_flag_and_the_environment_win(monkeypatch):
 
 def test_train_and_translate_refuse_a_bad_thread_count(tmp_path, capsys):
     with pytest.raises(SystemExit, match="--threads 0 is invalid"):
-        load_script("train").main(["--output_dir", str(tmp_path), "--threads", "0"])
+        recipe.main(["--output_dir", str(tmp_path), "--threads", "0"])
     with pytest.raises(SystemExit, match="--threads 0 is invalid"):
         load_script("translate").main(["--model_dir", str(tmp_path), "--text", "eins", "--threads", "0"])
 
@@ -170,9 +170,8 @@ def test_a_resumed_run_keeps_the_thread_count_of_the_run(monkeypatch, tmp_path):
     argv += ["--max_train_samples", "16", "--per_device_train_batch_size", "8", "--vocab_size", "300"]
     argv += ["--config_overrides", TINY_OVERRIDES, "--max_source_length", "32", "--max_target_length", "32"]
     argv += ["--disable_tqdm", "true", "--report_to", "none", "--use_cpu"]
-    train_script = load_script("train")
     first = Threads()
-    train_script.main([*argv, "--threads", "2"], callbacks=[first])
+    recipe.main([*argv, "--threads", "2"], callbacks=[first])
     assert first.seen == {2}
     state = json.loads((out / "checkpoint-1" / "trainer_state.json").read_text())
     assert state["stateful_callbacks"]["CpuThreadsCallback"] == {"args": {"threads": 2}}
@@ -180,10 +179,8 @@ def test_a_resumed_run_keeps_the_thread_count_of_the_run(monkeypatch, tmp_path):
 
     monkeypatch.setattr(cpu, "busy_cpus", lambda: 64.0)  # left to itself it would now choose 1 thread
     resumed = Threads()
-    train_script.main([*argv, "--resume_from_checkpoint", str(out / "checkpoint-1")], callbacks=[resumed])
+    recipe.main([*argv, "--resume_from_checkpoint", str(out / "checkpoint-1")], callbacks=[resumed])
     assert resumed.seen == {2} and cpu.recorded_threads(out / "checkpoint-2") == 2
     chosen = Threads()
-    train_script.main(
-        [*argv, "--resume_from_checkpoint", str(out / "checkpoint-1"), "--threads", "1"], callbacks=[chosen]
-    )
+    recipe.main([*argv, "--resume_from_checkpoint", str(out / "checkpoint-1"), "--threads", "1"], callbacks=[chosen])
     assert chosen.seen == {1} and cpu.recorded_threads(out / "checkpoint-2") == 1

@@ -20,13 +20,12 @@ from pathlib import Path
 import psutil
 import pytest
 import torch
-from conftest import ROOT, TINY_OVERRIDES, free_port, load_script, script_env
+from conftest import TINY_OVERRIDES, free_port, script_env
 from safetensors.torch import load_file
 
+from vanilla_transformer.training import recipe
 from vanilla_transformer.training.data import demo_corpus
 from vanilla_transformer.training.tokenizer import iterate_texts, train_tokenizer
-
-train_script = load_script("train")
 
 PROCESS_GROUP_TIMEOUT = "30"  # seconds a collective may wait for the other process (transformers' ddp_timeout)
 LAUNCH_TIMEOUT = 240  # seconds for a whole launch: far above a run's ~15 s, far below CI's limit
@@ -44,13 +43,11 @@ TRANSFORMERS_FSDP = ["--fsdp", "full_shard auto_wrap", "--fsdp_config", WRAP_LAY
 # Runs train.py's main() and records, per process, how many length chunks each training batch was run in.
 # MISMATCH=1 takes the processes' agreement away: each then chunks its own batch as it alone would choose.
 LAUNCHER = """
-import importlib.util, json, os, sys
+import json, os, sys
 import torch
 import vanilla_transformer.training.batching as batching
 
-spec = importlib.util.spec_from_file_location("train_script", sys.argv[1])
-train_script = sys.modules["train_script"] = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(train_script)
+from vanilla_transformer.training import recipe
 
 counts, split = [], batching.split_padded_batch
 
@@ -62,15 +59,15 @@ def counting_split(*args, **kwargs):
 batching.split_padded_batch = counting_split
 if os.environ.get("MISMATCH"):
     batching.fewest_chunks_of_all_processes = lambda accelerator: (lambda count: count)
-train_script.main(sys.argv[3:])
-with open(os.path.join(sys.argv[2], f"chunks-{os.environ.get('RANK', '0')}.json"), "w") as f:
+recipe.main(sys.argv[2:])
+with open(os.path.join(sys.argv[1], f"chunks-{os.environ.get('RANK', '0')}.json"), "w") as f:
     json.dump(counts, f)
 # what is left of the process group once main() has returned
 workers = 0
 for task in os.listdir("/proc/self/task"):
     with open(f"/proc/self/task/{task}/comm") as f:
         workers += f.read().strip() == "pt_gloo_runloop"
-with open(os.path.join(sys.argv[2], f"group-{os.environ.get('RANK', '0')}.json"), "w") as f:
+with open(os.path.join(sys.argv[1], f"group-{os.environ.get('RANK', '0')}.json"), "w") as f:
     json.dump({"initialized": torch.distributed.is_initialized(), "gloo worker threads": workers}, f)
 """
 
@@ -101,7 +98,7 @@ def accelerate_launch(
     command += ["--num_machines", str(machines), "--machine_rank", str(machine_rank)]
     command += ["--main_process_ip", "127.0.0.1", "--main_process_port", str(port or free_port())]
     command += ["--mixed_precision", "no", "--dynamo_backend", "no", *launch_flags, str(launcher)]
-    command += [str(ROOT / "scripts" / "train.py"), str(folder), *args, "--ddp_timeout", timeout]
+    command += [str(folder), *args, "--ddp_timeout", timeout]
     return start_logged(command, folder / "launch.log", {**script_env(folder), **env})
 
 
@@ -263,7 +260,7 @@ def tiny_args(output_dir, per_device_batch: int) -> list[str]:
 def single_process_run(tmp_path_factory) -> dict[str, torch.Tensor]:
     """The weights of one process trained on the global batch of the two-machine runs (2 x 16 pairs)."""
     out = tmp_path_factory.mktemp("single") / "out"
-    train_script.main(tiny_args(out, 32) + ["--threads", "1"])
+    recipe.main(tiny_args(out, 32) + ["--threads", "1"])
     return load_file(str(out / "model.safetensors"))
 
 

@@ -12,7 +12,6 @@ import json
 import os
 import random
 import re
-import runpy
 import signal
 import subprocess
 import sys
@@ -23,11 +22,11 @@ from types import SimpleNamespace
 import pytest
 import safetensors.torch
 import torch
-from conftest import ROOT, TINY_OVERRIDES
+from conftest import TINY_OVERRIDES
 
+from vanilla_transformer.training import recipe
 from vanilla_transformer.training.checkpoints import check_checkpoint, checkpoint_problem, last_complete_checkpoint
 
-TRAIN = ROOT / "scripts" / "train.py"
 MAX_STEPS, SAVE_STEPS = 14, 4  # 4 steps per epoch (32 pairs, 8 per batch): the run ends in an epoch's middle
 TRAIN_ARGS = [
     "--do_train",
@@ -57,7 +56,7 @@ TRAIN_ARGS = [
 # that optimizer step (before any save); KILL_IN_EVAL=<step> in an evaluation's first batch at that step.
 DRIVER = textwrap.dedent(
     """
-    import io, json, os, runpy, signal, sys
+    import io, json, os, signal, sys
     import torch
     from transformers import TrainerCallback
 
@@ -85,8 +84,9 @@ DRIVER = textwrap.dedent(
             if kill_in_eval and state.global_step == int(kill_in_eval):
                 os.kill(os.getpid(), signal.SIGKILL)
 
-    main = runpy.run_path(sys.argv[1])["main"]
-    for argv in sys.argv[2:]:
+    from vanilla_transformer.training.recipe import main
+
+    for argv in sys.argv[1:]:
         main(json.loads(argv), callbacks=[KillAtStep()])
     """
 )
@@ -96,7 +96,7 @@ def run(tmp_path: Path, *argvs: list[str], **kill: int) -> subprocess.CompletedP
     driver = tmp_path / "driver.py"
     driver.write_text(DRIVER)
     env = dict(os.environ, HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false", **{k: str(v) for k, v in kill.items()})
-    command = [sys.executable, str(driver), str(TRAIN), *(json.dumps(argv) for argv in argvs)]
+    command = [sys.executable, str(driver), *(json.dumps(argv) for argv in argvs)]
     return subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
 
 
@@ -198,7 +198,7 @@ def test_train_py_resolves_resume_to_a_complete_checkpoint(tmp_path):
     _save_checkpoint_like_the_trainer(tmp_path / "checkpoint-1", 1)
     _save_checkpoint_like_the_trainer(tmp_path / "checkpoint-2", 2)
     (tmp_path / "checkpoint-2" / "trainer_state.json").unlink()
-    resolve = runpy.run_path(str(TRAIN))["resolve_checkpoint"]
+    resolve = recipe.resolve_checkpoint
     args = SimpleNamespace(output_dir=str(tmp_path), resume_from_checkpoint="last")
     assert resolve(args) == str(tmp_path / "checkpoint-1")
     args.resume_from_checkpoint = str(tmp_path / "checkpoint-2")

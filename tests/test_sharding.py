@@ -9,15 +9,14 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from conftest import ROOT, TINY_OVERRIDES, free_port, load_script, script_env
+from conftest import TINY_OVERRIDES, free_port, script_env
 from safetensors.torch import load_file
 
+from vanilla_transformer.training import recipe
 from vanilla_transformer.training.arguments import TranslationTrainingArguments
 from vanilla_transformer.training.data import demo_corpus
 from vanilla_transformer.training.sharding import check_parallelism_can_run
 from vanilla_transformer.training.tokenizer import iterate_texts, train_tokenizer
-
-train_script = load_script("train")
 
 # the flags the training doc shows: FSDP2, one unit per encoder/decoder layer, a full state dict in checkpoints
 FSDP_LAUNCH = [
@@ -35,13 +34,11 @@ TRANSFORMERS_FSDP = [
 # Records, on rank 0, the weights gathered from the shards when training ends; with a step number as argv[3], ends
 # both processes abruptly right after that checkpoint is written, as a kill would.
 LAUNCHER = """
-import importlib.util, os, sys
+import os, sys
 import torch
 from transformers import TrainerCallback
 
-spec = importlib.util.spec_from_file_location("train_script", sys.argv[1])
-train_script = sys.modules["train_script"] = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(train_script)
+from vanilla_transformer.training import recipe
 
 
 class Watch(TrainerCallback):
@@ -60,7 +57,7 @@ class Watch(TrainerCallback):
             torch.save(full, os.path.join(self.folder, "gathered.pt"))
 
 
-train_script.main(sys.argv[4:], callbacks=[Watch(sys.argv[2], int(sys.argv[3]))])
+recipe.main(sys.argv[3:], callbacks=[Watch(sys.argv[1], int(sys.argv[2]))])
 """
 
 
@@ -85,7 +82,7 @@ def launch(tmp_path, name: str, launch_flags: list[str], args: list[str], stop_a
     launcher.write_text(LAUNCHER)
     command = [sys.executable, "-m", "accelerate.commands.launch", "--num_processes", "2", "--num_machines", "1"]
     command += ["--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", str(free_port())]
-    command += [*launch_flags, str(launcher), str(ROOT / "scripts" / "train.py"), str(folder), str(stop_after), *args]
+    command += [*launch_flags, str(launcher), str(folder), str(stop_after), *args]
     return subprocess.run(command, capture_output=True, text=True, env=script_env(tmp_path), timeout=180), folder
 
 
@@ -205,7 +202,7 @@ def test_fsdp_matches_a_single_process_run_with_the_same_global_batch(fsdp_run, 
     out, _, gathered = fsdp_run
     args = train_args(tmp_path / "single", tokenizer)
     args[args.index("--per_device_train_batch_size") + 1] = "8"  # 4 pairs x 2 processes
-    train_script.main(args + ["--threads", "1"])
+    recipe.main(args + ["--threads", "1"])
     assert "; parallelism: single process on cpu\n" in capsys.readouterr().out
     single = load_file(str(tmp_path / "single" / "model.safetensors"))
     # The same 8 pairs make each step in both runs (accelerate hands process k every 2nd batch of 4 of the same
@@ -248,7 +245,7 @@ def test_fsdp1_on_cpu_processes_is_refused_in_one_line(tmp_path, tokenizer, monk
     monkeypatch.setenv("ACCELERATE_USE_FSDP", "true")
     monkeypatch.setenv("FSDP_VERSION", "1")
     with pytest.raises(SystemExit) as info:
-        train_script.main(train_args(tmp_path / "out", tokenizer))
+        recipe.main(train_args(tmp_path / "out", tokenizer))
     assert str(info.value.code) == (
         "train.py: error: FSDP version 1 cannot run on CPU processes; use FSDP2: `accelerate launch --use_fsdp "
         "--fsdp_version 2 ...`, or --fsdp with --fsdp_config '{\"version\": 2, ...}'."

@@ -9,7 +9,7 @@ from unittest.mock import patch
 
 import pytest
 import torch
-from conftest import TINY_OVERRIDES, load_script, tiny_config
+from conftest import TINY_OVERRIDES, tiny_config
 from safetensors.torch import save_file
 from transformers import PreTrainedModel, set_seed
 
@@ -18,6 +18,7 @@ from vanilla_transformer import (
     VanillaTransformerForSequenceClassification,
     VanillaTransformerModel,
 )
+from vanilla_transformer.training import recipe
 from vanilla_transformer.training.sharding import tied_names
 from vanilla_transformer.training.workarounds.torch_fsdp_gathered_ties import share_tied_tensors
 
@@ -138,9 +139,6 @@ def test_tied_names_come_from_the_structure(cls, options):
     assert all(shared[alias] is shared[name] for alias, name in aliases.items())
 
 
-train_script = load_script("train")
-
-
 def test_resume_reports_no_missing_keys(tmp_path, caplog):
     """Resuming loads the checkpoint's weights into the model; its tied names are stored once, and are not missing."""
 
@@ -152,10 +150,10 @@ def test_resume_reports_no_missing_keys(tmp_path, caplog):
             *("--max_target_length", "16", "--disable_tqdm", "true", "--report_to", "none"),
         ]
 
-    train_script.main(args(1))
+    recipe.main(args(1))
     assert (tmp_path / "run" / "checkpoint-1").is_dir()
     with transformers_warnings(caplog):
-        train_script.main(args(2) + ["--resume_from_checkpoint", "last"])
+        recipe.main(args(2) + ["--resume_from_checkpoint", "last"])
     assert (tmp_path / "run" / "checkpoint-2").is_dir()  # it did resume and train
     messages = [record.getMessage() for record in caplog.records]
     assert not [m for m in messages if "missing keys" in m or "unexpected keys" in m], messages

@@ -7,13 +7,14 @@ import json
 import math
 
 import pytest
-from conftest import TINY_OVERRIDES, load_script, tiny_model, word_tokenizer
+from conftest import TINY_OVERRIDES, tiny_model, word_tokenizer
 from transformers import TrainerControl, TrainerState
 from transformers.optimization import (
     _get_cosine_schedule_with_warmup_lr_lambda,
     _get_linear_schedule_with_warmup_lr_lambda,
 )
 
+from vanilla_transformer.training import recipe
 from vanilla_transformer.training.arguments import TranslationTrainingArguments
 from vanilla_transformer.training.time_budget import (
     UNLIMITED_STEPS,
@@ -33,14 +34,11 @@ TINY_RUN = [
 ]
 
 
-train_script = load_script("train")
-
-
 def run_train(argv: list[str]) -> str:
     """train.py's main() in this process; returns what it printed."""
     printed = io.StringIO()
     with contextlib.redirect_stdout(printed):
-        train_script.main(argv)
+        recipe.main(argv)
     return printed.getvalue()
 
 
@@ -118,16 +116,16 @@ def test_a_resumed_run_trains_only_for_what_is_left_of_the_budget(budget_run):
 
 def test_steps_and_epochs_given_with_a_budget_still_count(tmp_path):
     out = ["--output_dir", str(tmp_path)]
-    _, _, args, _ = train_script.parse_arguments(out + ["--max_train_minutes", "2"])
+    _, _, args, _ = recipe.parse_arguments(out + ["--max_train_minutes", "2"])
     assert (args.max_train_minutes, args.max_steps) == (2.0, UNLIMITED_STEPS)
-    _, _, args, _ = train_script.parse_arguments(out + ["--max_train_minutes", "2", "--num_train_epochs", "3"])
+    _, _, args, _ = recipe.parse_arguments(out + ["--max_train_minutes", "2", "--num_train_epochs", "3"])
     assert (args.max_steps, args.num_train_epochs) == (-1, 3)
-    _, _, args, _ = train_script.parse_arguments(out + ["--max_train_minutes", "2", "--max-steps", "7"])
+    _, _, args, _ = recipe.parse_arguments(out + ["--max_train_minutes", "2", "--max-steps", "7"])
     assert args.max_steps == 7
     (tmp_path / "args.json").write_text(json.dumps({"output_dir": str(tmp_path), "max_train_minutes": 2}))
-    _, _, args, _ = train_script.parse_arguments([str(tmp_path / "args.json")])
+    _, _, args, _ = recipe.parse_arguments([str(tmp_path / "args.json")])
     assert args.max_steps == UNLIMITED_STEPS
-    _, _, args, _ = train_script.parse_arguments(out)  # no budget: nothing changes
+    _, _, args, _ = recipe.parse_arguments(out)  # no budget: nothing changes
     assert (args.max_train_minutes, args.max_steps, args.num_train_epochs) == (None, -1, 15)
 
 
@@ -206,9 +204,7 @@ def test_an_unsupported_schedule_is_refused_clearly(tmp_path):
         budget_lr_lambda("polynomial", 10, 100, lambda: 0.0, 60.0)
     TranslationTrainingArguments(output_dir=str(tmp_path), lr_scheduler_type="polynomial")  # fine without a budget
     with pytest.raises(SystemExit) as info:
-        train_script.main(
-            ["--output_dir", str(tmp_path), "--max_train_minutes", "5", "--lr_scheduler_type", "polynomial"]
-        )
+        recipe.main(["--output_dir", str(tmp_path), "--max_train_minutes", "5", "--lr_scheduler_type", "polynomial"])
     assert str(info.value.code).startswith("train.py: error: --lr_scheduler_type polynomial cannot be combined")
 
 
@@ -261,7 +257,7 @@ def test_the_spent_time_is_saved_with_a_checkpoint_and_restored_on_resume(tmp_pa
 @pytest.mark.parametrize("value", ["0", "-2", "nan"])
 def test_a_bad_budget_is_one_line(tmp_path, value):
     with pytest.raises(SystemExit) as info:
-        train_script.main(["--output_dir", str(tmp_path), "--max_train_minutes", value])
+        recipe.main(["--output_dir", str(tmp_path), "--max_train_minutes", value])
     text = str(info.value.code)
     assert text.startswith("train.py: error: --max_train_minutes ") and "\n" not in text
     assert text.endswith("is invalid; it must be a positive number of minutes."), text
@@ -271,7 +267,7 @@ def test_a_bad_budget_is_one_line(tmp_path, value):
 
 def test_a_fraction_of_unknown_total_steps_is_refused(tmp_path):
     with pytest.raises(SystemExit) as info:
-        train_script.main(["--output_dir", str(tmp_path), "--max_train_minutes", "5", "--warmup_steps", "0.1"])
+        recipe.main(["--output_dir", str(tmp_path), "--max_train_minutes", "5", "--warmup_steps", "0.1"])
     assert str(info.value.code) == (
         "train.py: error: --warmup_steps 0.1 is a fraction of the training steps, unknown with --max_train_minutes "
         "alone; give it in steps, or also give --max_steps or --num_train_epochs."

@@ -32,6 +32,7 @@ from transformers.utils import logging as transformers_logging
 
 from vanilla_transformer import VanillaTransformerConfig, VanillaTransformerForConditionalGeneration
 from vanilla_transformer.inference.translate import translate
+from vanilla_transformer.training import recipe
 from vanilla_transformer.training.arguments import implied_defaults
 from vanilla_transformer.training.checkpoints import load_weights, save_averaged_model
 from vanilla_transformer.training.data import REFERENCE_COLUMN, demo_corpus, tokenize_splits
@@ -53,9 +54,6 @@ TINY_MODEL = [
     "--report_to",
     "none",
 ]
-
-
-train_script = load_script("train")
 
 
 @pytest.fixture(scope="module")
@@ -123,25 +121,25 @@ def test_config_overrides_are_read_by_update_from_string_and_checked():
 
 
 def test_preset_defaults_yield_to_flags(tmp_path, monkeypatch):
-    monkeypatch.setattr(train_script, "native_bf16_matmul", lambda: None)  # the float32 defaults, on any CPU
+    monkeypatch.setattr(recipe, "native_bf16_matmul", lambda: None)  # the float32 defaults, on any CPU
     out = ["--output_dir", str(tmp_path)]
-    model_args, data_args, args, auto_do = train_script.parse_arguments(out)
+    model_args, data_args, args, auto_do = recipe.parse_arguments(out)
     assert model_args.preset == "small" and auto_do and args.do_train and args.do_eval and args.do_predict
     assert (args.learning_rate, args.warmup_steps) == (PRESETS["small"]["training"]["learning_rate"], 200)
     assert data_args.max_source_length == PRESETS["small"]["max_length"]
 
     own_data = out + ["--train_file", "x.jsonl", "--source_lang", "de", "--target_lang", "en", "--do_train"]
-    model_args, data_args, args, auto_do = train_script.parse_arguments(own_data)
+    model_args, data_args, args, auto_do = recipe.parse_arguments(own_data)
     assert model_args.preset == "compact" and not auto_do and not args.do_eval
     assert (args.learning_rate, args.warmup_steps, data_args.max_source_length) == (1e-3, 200, 256)
     assert (args.lr_scheduler_type, args.max_tokens_per_batch) == ("linear", 512)
     # the budget alone ends training: no epoch limit, and the linear decay follows the clock
-    _, _, args, _ = train_script.parse_arguments(own_data + ["--max_train_minutes", "15"])
+    _, _, args, _ = recipe.parse_arguments(own_data + ["--max_train_minutes", "15"])
     assert args.max_train_minutes == 15 and args.max_steps > 10**8
-    _, _, args, _ = train_script.parse_arguments(own_data + ["--max_tokens_per_batch", "300", "--preset", "base"])
+    _, _, args, _ = recipe.parse_arguments(own_data + ["--max_tokens_per_batch", "300", "--preset", "base"])
     assert (args.max_tokens_per_batch, args.learning_rate, args.lr_scheduler_type) == (300, 7e-4, "inverse_sqrt")
 
-    _, _, args, _ = train_script.parse_arguments(out + ["--learning_rate", "1e-4", "--preset", "big"])
+    _, _, args, _ = recipe.parse_arguments(out + ["--learning_rate", "1e-4", "--preset", "big"])
     assert (args.learning_rate, args.warmup_steps) == (1e-4, 4000)
 
 
@@ -150,59 +148,59 @@ def test_length_chunks_follow_the_preset_unless_given(tmp_path):
     the choice to the trainer (on CPU: on); the flag wins over both."""
     out = ["--output_dir", str(tmp_path)]
     own_data = out + ["--train_file", "x.jsonl", "--source_lang", "de", "--target_lang", "en", "--preset", "base"]
-    assert train_script.parse_arguments(out)[2].length_chunks is False
-    assert train_script.parse_arguments(out + ["--length_chunks", "true"])[2].length_chunks is True
-    assert train_script.parse_arguments(own_data)[2].length_chunks is None
-    assert train_script.parse_arguments(own_data + ["--length_chunks", "false"])[2].length_chunks is False
+    assert recipe.parse_arguments(out)[2].length_chunks is False
+    assert recipe.parse_arguments(out + ["--length_chunks", "true"])[2].length_chunks is True
+    assert recipe.parse_arguments(own_data)[2].length_chunks is None
+    assert recipe.parse_arguments(own_data + ["--length_chunks", "false"])[2].length_chunks is False
 
 
 def test_a_step_count_given_means_its_strategy_by_steps(tmp_path):
     """The `small` preset saves every epoch; --save_steps alone must not be ignored (nor --eval_steps alone)."""
     out = ["--output_dir", str(tmp_path)]
-    _, _, args, _ = train_script.parse_arguments(out)
+    _, _, args, _ = recipe.parse_arguments(out)
     assert (args.save_strategy, args.eval_strategy) == ("epoch", "no")
-    _, _, args, _ = train_script.parse_arguments(out + ["--save_steps", "20"])
+    _, _, args, _ = recipe.parse_arguments(out + ["--save_steps", "20"])
     assert (args.save_strategy, args.save_steps) == ("steps", 20)
-    _, _, args, _ = train_script.parse_arguments(out + ["--save_steps=20", "--save_strategy", "epoch"])
+    _, _, args, _ = recipe.parse_arguments(out + ["--save_steps=20", "--save_strategy", "epoch"])
     assert args.save_strategy == "epoch"
-    _, _, args, _ = train_script.parse_arguments(out + ["--eval_steps", "30"])
+    _, _, args, _ = recipe.parse_arguments(out + ["--eval_steps", "30"])
     assert (args.eval_strategy, args.eval_steps, args.save_strategy) == ("steps", 30, "epoch")
-    _, _, args, _ = train_script.parse_arguments(out + ["--eval_steps", "30", "--eval_strategy", "epoch"])
+    _, _, args, _ = recipe.parse_arguments(out + ["--eval_steps", "30", "--eval_strategy", "epoch"])
     assert args.eval_strategy == "epoch"
     (tmp_path / "args.json").write_text(json.dumps({"output_dir": str(tmp_path), "save_steps": 20}))
-    _, _, args, _ = train_script.parse_arguments([str(tmp_path / "args.json")])
+    _, _, args, _ = recipe.parse_arguments([str(tmp_path / "args.json")])
     assert (args.save_strategy, args.save_steps) == ("steps", 20)
 
     # keeping the best model: saving follows the evaluations unless a saving flag is given (the compact preset's
     # save_steps 1000 is no multiple of 300, the small preset's save_strategy epoch no match for steps)
     own_data = out + ["--train_file", "x.jsonl", "--source_lang", "de", "--target_lang", "en"]
     for argv in (out, own_data):
-        _, _, args, _ = train_script.parse_arguments(argv + ["--load_best_model_at_end", "--eval_steps", "300"])
+        _, _, args, _ = recipe.parse_arguments(argv + ["--load_best_model_at_end", "--eval_steps", "300"])
         assert (args.eval_strategy, args.save_strategy) == ("steps", "steps")
         assert (args.eval_steps, args.save_steps) == (300, 300)
-    _, _, args, _ = train_script.parse_arguments(out + ["--load_best_model_at_end", "--eval_strategy", "epoch"])
+    _, _, args, _ = recipe.parse_arguments(out + ["--load_best_model_at_end", "--eval_strategy", "epoch"])
     assert args.save_strategy == "epoch"
     values = {"output_dir": str(tmp_path), "train_file": "x.jsonl", "source_lang": "de", "target_lang": "en"}
     (tmp_path / "args.json").write_text(json.dumps(values | {"load_best_model_at_end": True, "eval_strategy": "steps"}))
-    _, _, args, _ = train_script.parse_arguments([str(tmp_path / "args.json")])
+    _, _, args, _ = recipe.parse_arguments([str(tmp_path / "args.json")])
     assert (args.save_strategy, args.save_steps, args.eval_steps) == ("steps", 500, 500)  # every logging_steps
     with pytest.raises(ValueError, match="multiple of the evaluation steps"):
-        train_script.parse_arguments(out + ["--load_best_model_at_end", "--eval_steps", "300", "--save_steps", "1000"])
+        recipe.parse_arguments(out + ["--load_best_model_at_end", "--eval_steps", "300", "--save_steps", "1000"])
 
 
 def test_no_pinned_memory_without_an_accelerator(tmp_path, monkeypatch):
     """On a CPU-only machine the Trainer would warn about pin_memory at every run; a given flag still wins."""
     monkeypatch.setattr(torch.accelerator, "is_available", lambda: False)
-    _, _, args, _ = train_script.parse_arguments(["--output_dir", str(tmp_path)])
+    _, _, args, _ = recipe.parse_arguments(["--output_dir", str(tmp_path)])
     assert args.dataloader_pin_memory is False
-    _, _, args, _ = train_script.parse_arguments(["--output_dir", str(tmp_path), "--dataloader_pin_memory", "true"])
+    _, _, args, _ = recipe.parse_arguments(["--output_dir", str(tmp_path), "--dataloader_pin_memory", "true"])
     assert args.dataloader_pin_memory is True
     monkeypatch.setattr(torch.accelerator, "is_available", lambda: True)
-    _, _, args, _ = train_script.parse_arguments(["--output_dir", str(tmp_path)])
+    _, _, args, _ = recipe.parse_arguments(["--output_dir", str(tmp_path)])
     assert args.dataloader_pin_memory is True
 
     (tmp_path / "args.json").write_text(json.dumps({"output_dir": str(tmp_path), "warmup_steps": 7}))
-    model_args, _, args, _ = train_script.parse_arguments([str(tmp_path / "args.json")])
+    model_args, _, args, _ = recipe.parse_arguments([str(tmp_path / "args.json")])
     assert (model_args.preset, args.warmup_steps, args.learning_rate) == (
         "small",
         7,
@@ -215,13 +213,13 @@ def test_bf16_without_an_accelerator_runs_on_the_cpu(tmp_path, monkeypatch):
     monkeypatch.setattr(torch.accelerator, "is_available", lambda: False)
     out = ["--output_dir", str(tmp_path)]
     for flag in ("--bf16", "--bf16_full_eval"):
-        _, _, args, _ = train_script.parse_arguments(out + [flag, "true"])
+        _, _, args, _ = recipe.parse_arguments(out + [flag, "true"])
         assert getattr(args, flag[2:]) is True and args.use_cpu is True
-    _, _, args, _ = train_script.parse_arguments(out)
+    _, _, args, _ = recipe.parse_arguments(out)
     assert args.use_cpu is False
     if not torch.cuda.is_available():  # a flag given wins: then transformers' own check stands
         with pytest.raises(ValueError, match="bf16"):
-            train_script.parse_arguments(out + ["--bf16", "true", "--use_cpu", "false"])
+            recipe.parse_arguments(out + ["--bf16", "true", "--use_cpu", "false"])
     assert "use_cpu" not in implied_defaults({"bf16"}, {"bf16": True}, accelerator_available=True)
 
 
@@ -231,16 +229,16 @@ def test_compact_trains_in_bf16_alone_on_a_cpu_that_multiplies_bf16(tmp_path, mo
     or --use_cpu flag given wins (and keeps the preset's plain batch and learning rate); other presets, several
     processes and CPUs without the feature keep float32."""
     monkeypatch.setattr(torch.accelerator, "is_available", lambda: False)
-    monkeypatch.setattr(train_script, "native_bf16_matmul", lambda: "amx_bf16")
+    monkeypatch.setattr(recipe, "native_bf16_matmul", lambda: "amx_bf16")
     monkeypatch.delenv("WORLD_SIZE", raising=False)
     own_data = ["--output_dir", str(tmp_path), "--train_file", str(tmp_path / "train.jsonl")]
 
     def precision(argv: list[str]) -> tuple[bool, bool]:
-        _, _, args, _ = train_script.parse_arguments(argv)
+        _, _, args, _ = recipe.parse_arguments(argv)
         return args.bf16, args.use_cpu
 
     assert precision(own_data) == (True, True)
-    assert train_script.describe_precision(train_script.parse_arguments(own_data)[2]).startswith(
+    assert recipe.describe_precision(recipe.parse_arguments(own_data)[2]).startswith(
         "bf16 autocast (this CPU multiplies bf16 in hardware (amx_bf16); --bf16 false"
     )
     assert precision(own_data + ["--bf16", "false"]) == (False, False)
@@ -248,7 +246,7 @@ def test_compact_trains_in_bf16_alone_on_a_cpu_that_multiplies_bf16(tmp_path, mo
     assert precision(own_data + ["--preset", "base"]) == (False, False)
 
     def batch(argv: list[str]) -> tuple[int, float]:
-        _, _, args, _ = train_script.parse_arguments(argv)
+        _, _, args, _ = recipe.parse_arguments(argv)
         return args.max_tokens_per_batch, args.learning_rate
 
     plain_batch = (
@@ -265,16 +263,16 @@ def test_compact_trains_in_bf16_alone_on_a_cpu_that_multiplies_bf16(tmp_path, mo
     assert precision([str(tmp_path / "args.json")]) == (True, True)
     (tmp_path / "args.json").write_text(json.dumps({"output_dir": str(tmp_path), "train_file": "t.jsonl", "bf16": 0}))
     assert precision([str(tmp_path / "args.json")]) == (False, False)
-    monkeypatch.setattr(train_script, "native_bf16_matmul", lambda: "avx512_bf16")  # without AMX: the same recipe
+    monkeypatch.setattr(recipe, "native_bf16_matmul", lambda: "avx512_bf16")  # without AMX: the same recipe
     assert precision(own_data) == (True, True) and batch(own_data) == (1024, 1.5e-3)
     monkeypatch.setenv("WORLD_SIZE", "2")
     assert precision(own_data) == (False, False)
     assert batch(own_data) == plain_batch
     monkeypatch.delenv("WORLD_SIZE")
-    monkeypatch.setattr(train_script, "native_bf16_matmul", lambda: None)
+    monkeypatch.setattr(recipe, "native_bf16_matmul", lambda: None)
     assert precision(own_data) == (False, False)
     assert batch(own_data) == plain_batch
-    assert train_script.describe_precision(train_script.parse_arguments(own_data)[2]) == "float32"
+    assert recipe.describe_precision(recipe.parse_arguments(own_data)[2]) == "float32"
 
 
 def test_native_bf16_is_read_from_pytorchs_cpu_capabilities(monkeypatch):
@@ -294,10 +292,10 @@ def test_native_bf16_is_read_from_pytorchs_cpu_capabilities(monkeypatch):
 
 def test_help_documents_every_flag(capsys):
     with pytest.raises(SystemExit) as info:
-        train_script.main(["--help"])
+        recipe.main(["--help"])
     assert info.value.code == 0
     text = capsys.readouterr().out
-    for dataclass in (train_script.ModelArguments, train_script.TrainingDataArguments):
+    for dataclass in (recipe.ModelArguments, recipe.TrainingDataArguments):
         for f in dataclasses.fields(dataclass):
             assert f.metadata.get("help"), f"--{f.name} has no help"
             assert f"--{f.name}" in text
@@ -307,7 +305,7 @@ def test_help_documents_every_flag(capsys):
 
 
 def test_the_trainer_follows_the_papers_recipe(tmp_path, demo_tokenizer):
-    _, _, args, _ = train_script.parse_arguments(["--output_dir", str(tmp_path), "--preset", "base"])
+    _, _, args, _ = recipe.parse_arguments(["--output_dir", str(tmp_path), "--preset", "base"])
     tokenizer = AutoTokenizer.from_pretrained(demo_tokenizer)
     trainer = build_trainer(tiny_model(vocab_size=len(tokenizer)), args, tokenizer)
     trainer.create_optimizer_and_scheduler(num_training_steps=100_000)
@@ -428,17 +426,16 @@ def test_bf16_on_a_cpu_decodes_with_the_default_attention_once_training_is_over(
     """workarounds.torch_cpu_bf16_flash_attention: the eager attention is for training's backward pass; the
     evaluation and prediction after it decode with transformers' default (sdpa). A given --attn_implementation is used
     for both."""
-    train_script = load_script("train")
     argv = ["--output_dir", str(tmp_path / "run"), "--do_train", "--do_eval", "--do_predict", "--max_steps", "2"]
     argv += ["--max_train_samples", "16", "--max_eval_samples", "4", "--max_predict_samples", "4"]
     argv += ["--per_device_train_batch_size", "8", "--vocab_size", "300", "--save_strategy", "no", "--bf16", "true"]
     argv += ["--config_overrides", TINY_OVERRIDES, "--disable_tqdm", "true", "--report_to", "none", "--use_cpu"]
     argv += ["--generation_max_length", "8", "--threads", "1"]
     chosen, given = AttentionSeen(), AttentionSeen()
-    train_script.main(argv, callbacks=[chosen])
+    recipe.main(argv, callbacks=[chosen])
     assert chosen.training == {"eager"} and chosen.decoding == {"sdpa"}
     assert "; attention: eager (decoding: sdpa);" in capsys.readouterr().out
-    train_script.main([*argv, "--attn_implementation", "eager"], callbacks=[given])
+    recipe.main([*argv, "--attn_implementation", "eager"], callbacks=[given])
     assert given.training == given.decoding == {"eager"}
     assert "; attention: eager;" in capsys.readouterr().out
 
@@ -517,7 +514,7 @@ def test_evaluation_generates_longest_first_and_returns_rows_in_order(tmp_path, 
     raw = DatasetDict({"test": demo_corpus()["test"].select(range(16))})
     test = tokenize_splits(raw, tokenizer, "de", "en", 32, 32, print_fn=None)["test"]
     argv = ["--output_dir", str(tmp_path), "--per_device_eval_batch_size", "3", "--report_to", "none"]
-    _, _, args, _ = train_script.parse_arguments([*argv, "--generation_max_length", "8"])
+    _, _, args, _ = recipe.parse_arguments([*argv, "--generation_max_length", "8"])
     seen = {}
 
     def compute_metrics(prediction, references=None) -> dict:
@@ -661,11 +658,11 @@ def test_resumed_run_ends_with_the_weights_of_an_uninterrupted_one(tmp_path, dem
             *TINY_MODEL,
         ]
 
-    train_script.main(args(tmp_path / "straight"))
+    recipe.main(args(tmp_path / "straight"))
     with pytest.raises(Interrupted):  # 6 steps an epoch: stopped in the middle of the second epoch, dropout on
-        train_script.main(args(tmp_path / "stopped"), callbacks=[StopAfterSave(8)])
+        recipe.main(args(tmp_path / "stopped"), callbacks=[StopAfterSave(8)])
     assert not (tmp_path / "stopped" / "model.safetensors").exists()
-    train_script.main(args(tmp_path / "stopped") + ["--resume_from_checkpoint", "last"])
+    recipe.main(args(tmp_path / "stopped") + ["--resume_from_checkpoint", "last"])
 
     straight = load_file(str(tmp_path / "straight" / "model.safetensors"))
     resumed = load_file(str(tmp_path / "stopped" / "model.safetensors"))
@@ -681,9 +678,7 @@ import importlib.util, json, os, sys
 import torch
 from transformers import TrainerCallback
 
-spec = importlib.util.spec_from_file_location("train_script", sys.argv[1])
-train_script = sys.modules["train_script"] = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(train_script)
+from vanilla_transformer.training import recipe
 
 
 class Watch(TrainerCallback):
@@ -705,7 +700,7 @@ class Watch(TrainerCallback):
             json.dump({"world_size": args.world_size, "steps": state.global_step, "batches": self.batches}, f)
 
 
-train_script.main(sys.argv[3:], callbacks=[Watch(sys.argv[2])])
+recipe.main(sys.argv[2:], callbacks=[Watch(sys.argv[1])])
 '''
 
 
@@ -716,7 +711,7 @@ def test_accelerate_launch_two_processes_on_cpu(tmp_path):
     watch.mkdir()
     command = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2"]
     command += ["--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no"]
-    command += ["--main_process_port", str(free_port()), str(launcher), str(ROOT / "scripts" / "train.py"), str(watch)]
+    command += ["--main_process_port", str(free_port()), str(launcher), str(watch)]
     command += ["--output_dir", str(tmp_path / "run"), "--do_train", "--max_train_samples", "32", "--vocab_size", "300"]
     command += ["--per_device_train_batch_size", "4", "--num_train_epochs", "1", "--save_strategy", "no", *TINY_MODEL]
     result = subprocess.run(command, capture_output=True, text=True, env=script_env(tmp_path), timeout=300)
@@ -755,7 +750,7 @@ def test_wrong_path_is_one_line_before_training(tmp_path):
 
 def expect_exit(args: list[str], message: str) -> None:
     with pytest.raises(SystemExit) as info:
-        train_script.main(args)
+        recipe.main(args)
     text = str(info.value.code)
     assert text.startswith("train.py: error: ") and "\n" not in text
     assert message in text, text
@@ -830,7 +825,7 @@ def test_a_checkpoints_max_new_tokens_yields_to_generation_max_length(
     argv += ["--max_predict_samples", "6", "--per_device_eval_batch_size", "3", "--threads", "1"]
     argv += ["--disable_tqdm", "true", "--report_to", "none"]
     given = [] if generation_max_length is None else ["--generation_max_length", str(generation_max_length)]
-    train_script.main([*argv, *given])
+    recipe.main([*argv, *given])
     # the decoder start token + 3 new tokens, or the flag's length
     assert lengths == [1 + 3 if generation_max_length is None else generation_max_length] * 2
 
@@ -847,7 +842,7 @@ def test_evaluation_generates_at_most_the_input_length_plus_50_tokens(
     test = tokenize_splits(raw, tokenizer, "de", "en", 32, 32, print_fn=None)["test"]
     argv = ["--output_dir", str(tmp_path), "--per_device_eval_batch_size", "3", "--report_to", "none"]
     given = [] if generation_max_length is None else ["--generation_max_length", str(generation_max_length)]
-    _, _, args, _ = train_script.parse_arguments([*argv, *given])
+    _, _, args, _ = recipe.parse_arguments([*argv, *given])
     model = tiny_model(vocab_size=len(tokenizer))
     model.generation_config.max_length = 257  # what train.py sets by default (max_target_length + 1)
     model.generation_config.eos_token_id = None  # never finishes early: every batch runs to its limit

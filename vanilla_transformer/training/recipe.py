@@ -1,0 +1,478 @@
+"""The recipe: train, evaluate and save a translation model with the paper's recipe (Vaswani et al., 2017, §5), as
+`scripts/train.py` runs it. `main(argv)` takes the script's command line (also from Python or a notebook:
+`main(["--output_dir", "outputs/demo"])`) and returns the metrics; its argument dataclasses are `ModelArguments`,
+`TrainingDataArguments` and `TranslationTrainingArguments` (training/arguments.py)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+from dataclasses import dataclass, field
+
+import torch
+import transformers
+from datasets import DatasetDict
+from huggingface_hub.errors import StrictDataclassError
+from transformers import AutoTokenizer, HfArgumentParser, set_seed
+
+from .. import VanillaTransformerForConditionalGeneration
+from .arguments import TranslationTrainingArguments, implied_defaults
+from .checkpoints import check_checkpoint, last_complete_checkpoint, load_trained_model
+from .cpu import busy_cpus, native_bf16_matmul, recorded_threads, set_cpu_threads
+from .data import (
+    MIN_ROWS_PER_WORKER,
+    DataArguments,
+    DataError,
+    default_num_workers,
+    select_samples,
+    tokenize_splits,
+)
+from .presets import (
+    PRESETS,
+    build_config,
+    default_generation_config,
+    training_defaults,
+)
+from .sharding import describe_parallelism
+from .time_budget import UNLIMITED_STEPS, find_time_budget, format_duration
+from .tokenizer import check_tokenizer_matches_config, iterate_texts, train_tokenizer
+from .trainer import build_trainer, make_compute_metrics
+from .workarounds import (
+    accelerate_launch_without_gpus,
+    torch_cpu_bf16_flash_attention,
+    torch_cpu_bf16_kernel_caches,
+)
+
+logger = logging.getLogger("train")
+
+
+@dataclass
+class ModelArguments:
+    """Which model to train: a fresh one (preset, JSON config, flags) or a saved one to continue."""
+
+    model_name_or_path: str | None = field(
+        default=None, metadata={"help": "A saved model folder to continue training from, instead of a fresh model."}
+    )
+    preset: str | None = field(
+        default=None,
+        metadata={
+            "help": "Fresh model and training defaults: "
+            + "; ".join(f"{name}: {preset['description']}" for name, preset in PRESETS.items())
+            + ". Default: small for the demo corpus, compact for your own data.",
+            "choices": list(PRESETS),
+        },
+    )
+    config_name: str | None = field(
+        default=None, metadata={"help": "A VanillaTransformerConfig JSON file (or folder) for a fresh model."}
+    )
+    config_overrides: str | None = field(
+        default=None,
+        metadata={
+            "help": "Config fields to change, e.g. 'd_model=256,encoder_layers=3,dropout=0.2' (read by transformers' "
+            "PreTrainedConfig.update_from_string: each value as the type of the field's current value)."
+        },
+    )
+    tokenizer_name: str | None = field(
+        default=None,
+        metadata={
+            "help": "A saved tokenizer (scripts/train_tokenizer.py). Default: the model's with --model_name_or_path, "
+            "else one trained here on the training split and saved in --output_dir."
+        },
+    )
+    vocab_size: int | None = field(
+        default=None,
+        metadata={"help": "Vocabulary size of the tokenizer trained here (default: the preset's)."},
+    )
+    attn_implementation: str | None = field(
+        default=None,
+        metadata={
+            "help": "The attention implementation to train and evaluate with (config._attn_implementation): eager, "
+            "sdpa, or one registered with transformers' AttentionInterface. Default: transformers' (sdpa), but eager "
+            "to train in bf16 on a CPU, where torch's SDPA kernel trains several times slower (docs/performance.md); "
+            "evaluation after training then decodes with sdpa. Not saved with the model."
+        },
+    )
+    cache_dir: str | None = field(default=None, metadata={"help": "Where `datasets` caches downloaded data."})
+
+
+@dataclass
+class TrainingDataArguments(DataArguments):
+    """Which parallel data to train and evaluate on (none given = the built-in demo corpus), and how it is filtered."""
+
+    max_source_length: int | None = field(
+        default=None,
+        metadata={
+            "help": "Longest source in tokens (eos included): longer training pairs are dropped, longer validation and "
+            "test sources truncated. Default: the preset's."
+        },
+    )
+    max_target_length: int | None = field(
+        default=None,
+        metadata={
+            "help": "Longest target in tokens (eos included): longer training pairs are dropped; validation and test "
+            "sentences are scored whole. Default: the preset's."
+        },
+    )
+    preprocessing_num_workers: int | None = field(
+        default=None,
+        metadata={
+            "help": "Processes for tokenisation. Default: one per idle CPU, but one per "
+            f"{MIN_ROWS_PER_WORKER:,} pairs at most (a single one for smaller data)."
+        },
+    )
+    overwrite_cache: bool = field(
+        default=False,
+        metadata={
+            "help": "Tokenise again instead of loading the tokenised splits that an earlier run with the same data, "
+            "tokenizer, languages and length limits left in the datasets cache."
+        },
+    )
+
+
+def given_flags(argv: list[str]) -> set[str]:
+    """The dataclass field names given on the command line."""
+    return {arg[2:].split("=", 1)[0].replace("-", "_") for arg in argv if arg.startswith("--")}
+
+
+def parse_arguments(
+    argv: list[str],
+) -> tuple[ModelArguments, TrainingDataArguments, TranslationTrainingArguments, bool]:
+    """Parse with the preset's training defaults in place; returns the three dataclasses and whether the do_* flags
+    were chosen automatically (all three, for the splits that exist)."""
+    parser = HfArgumentParser((ModelArguments, TrainingDataArguments, TranslationTrainingArguments))
+    from_json = len(argv) == 1 and argv[0].endswith(".json")
+    if from_json:
+        with open(argv[0]) as f:
+            values = json.load(f)
+        given = set(values)
+    else:
+        given = given_flags(argv)
+    if {"help", "h"} & given or "-h" in argv:
+        parser.parse_args_into_dataclasses(argv)  # prints the help and exits
+
+    # first pass: the model and data arguments decide the preset, whose defaults the full parse then uses
+    pre_parser = HfArgumentParser((ModelArguments, TrainingDataArguments), add_help=False)
+    if from_json:
+        model_args, data_args = pre_parser.parse_dict(values, allow_extra_keys=True)
+    else:
+        model_args, data_args, _ = pre_parser.parse_args_into_dataclasses(argv, return_remaining_strings=True)
+    preset = model_args.preset or ("compact" if data_args.has_own_data() else "small")
+    # bf16 on a CPU that multiplies it in hardware, where the preset asks for it: one process, no accelerator, and no
+    # flag given about the precision or the device (a flag given always wins)
+    alone_on_cpu = not torch.accelerator.is_available() and int(os.environ.get("WORLD_SIZE", "1")) == 1
+    native_bf16 = native_bf16_matmul() if alone_on_cpu and not {"bf16", "fp16", "use_cpu"} & given else None
+    defaults = training_defaults(preset, native_bf16)
+    auto_do = not {"do_train", "do_eval", "do_predict"} & given
+    if auto_do:
+        defaults.update(do_train=True, do_eval=True, do_predict=True)
+    if not torch.accelerator.is_available():
+        defaults["dataloader_pin_memory"] = False  # pinned memory only helps copies to an accelerator
+
+    # what the given flags imply (--save_steps: save by steps; --bf16 without an accelerator: on the CPU) wins over
+    # the preset; read from the values as parsed, before TrainingArguments checks them
+    parser.set_defaults(**defaults)
+    parsed = vars(parser.parse_known_args([] if from_json else argv)[0]) | (values if from_json else {})
+    defaults.update(implied_defaults(given, parsed, accelerator_available=torch.accelerator.is_available()))
+
+    if from_json:
+        model_args, data_args, training_args = parser.parse_dict({**defaults, **values})
+    else:
+        parser.set_defaults(**defaults)
+        model_args, data_args, training_args = parser.parse_args_into_dataclasses(argv)
+    model_args.preset = preset
+    if training_args.max_train_minutes is not None and not {"max_steps", "num_train_epochs"} & given:
+        # the budget alone ends training: the data repeats for as many epochs as fit (the preset's epochs do not stop
+        # it), so fractions of the total number of steps mean nothing
+        for name in ("warmup_steps", "logging_steps", "eval_steps", "save_steps"):
+            value = getattr(training_args, name)
+            if value is not None and 0 < value < 1:
+                raise ValueError(
+                    f"--{name} {value:g} is a fraction of the training steps, unknown with --max_train_minutes alone; "
+                    "give it in steps, or also give --max_steps or --num_train_epochs."
+                )
+        training_args.max_steps = UNLIMITED_STEPS
+    data_args.max_source_length = data_args.max_source_length or PRESETS[preset]["max_length"]
+    data_args.max_target_length = data_args.max_target_length or PRESETS[preset]["max_length"]
+    return model_args, data_args, training_args, auto_do
+
+
+def resolve_checkpoint(training_args: TranslationTrainingArguments) -> str | None:
+    """--resume_from_checkpoint: a checkpoint folder, or 'last' / 'true' for the newest one in --output_dir."""
+    value = training_args.resume_from_checkpoint
+    if value is None or str(value).lower() in ("false", "none", ""):
+        return None
+    if str(value).lower() in ("last", "true"):
+        # the newest checkpoint written completely: a run killed while saving leaves a partial folder behind
+        last = last_complete_checkpoint(training_args.output_dir)
+        if last is None:
+            raise DataError(
+                f"--resume_from_checkpoint {value}: no checkpoint-* folder in {training_args.output_dir!r}."
+            )
+        return last
+    if not os.path.isdir(value):
+        raise DataError(f"--resume_from_checkpoint {value!r} is not a folder.")
+    check_checkpoint(value)
+    return value
+
+
+def load_tokenizer(model_args, raw, source_lang, target_lang, training_args, checkpoint):
+    """The tokenizer: given, the model's, the checkpoint's, or trained here on the training split."""
+    for flag, path in (
+        ("--tokenizer_name", model_args.tokenizer_name),
+        ("--model_name_or_path", model_args.model_name_or_path),
+        ("--resume_from_checkpoint", checkpoint),
+    ):
+        if path is not None:
+            if not os.path.exists(path):
+                raise DataError(f"{flag} {path!r} does not exist.")
+            if flag != "--resume_from_checkpoint" or os.path.isfile(os.path.join(path, "tokenizer.json")):
+                try:
+                    return AutoTokenizer.from_pretrained(path, cache_dir=model_args.cache_dir), path
+                except (OSError, ValueError) as error:
+                    reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+                    raise DataError(f"{flag} {path!r}: no tokenizer could be loaded ({reason}).") from error
+    if "train" not in raw:
+        raise DataError("a tokenizer is needed: pass --tokenizer_name, --model_name_or_path or training data.")
+    vocab_size = model_args.vocab_size or PRESETS[model_args.preset]["vocab_size"]
+    # one process trains and saves it, the others load it, so that every rank has the same vocabulary
+    with training_args.main_process_first(local=False, desc="training the tokenizer"):
+        if training_args.process_index == 0:
+            tokenizer = train_tokenizer(iterate_texts(raw["train"], source_lang, target_lang), vocab_size=vocab_size)
+            tokenizer.save_pretrained(training_args.output_dir)
+        else:
+            tokenizer = AutoTokenizer.from_pretrained(training_args.output_dir)
+    return tokenizer, f"a {len(tokenizer)}-token BPE tokenizer trained on the training split"
+
+
+def build_model(model_args, tokenizer, tokenizer_source):
+    if model_args.model_name_or_path is not None:
+        if model_args.config_name or model_args.config_overrides:
+            raise DataError("--config_name/--config_overrides make a fresh model; drop them with --model_name_or_path.")
+        model = load_trained_model(model_args.model_name_or_path, cache_dir=model_args.cache_dir)
+    else:
+        config = build_config(
+            preset=model_args.preset,
+            config_name=model_args.config_name,
+            overrides=model_args.config_overrides,
+            vocab_size=len(tokenizer),
+        )
+        model = VanillaTransformerForConditionalGeneration(config)
+    check_tokenizer_matches_config(tokenizer, model.config, tokenizer_source)
+    return model
+
+
+def describe_precision(training_args: TranslationTrainingArguments) -> str:
+    """The training precision in a few words; on a CPU with bf16 autocast, the hardware feature that makes it pay."""
+    if not (training_args.bf16 or training_args.fp16):
+        return "float32"
+    kind = "bf16" if training_args.bf16 else "fp16"
+    if training_args.device.type != "cpu" or not training_args.bf16:
+        return f"{kind} autocast"
+    feature = native_bf16_matmul()
+    why = f"this CPU multiplies bf16 in hardware ({feature})" if feature else "this CPU emulates bf16 products"
+    return f"bf16 autocast ({why}; --bf16 false for float32)"
+
+
+def print_summary(metrics: dict, output_dir: str) -> None:
+    width = max(map(len, metrics), default=10)
+    print(f"\n{'metric':<{width}}  value")
+    print(f"{'-' * width}  {'-' * 12}")
+    for name in sorted(metrics):
+        value = metrics[name]
+        print(f"{name:<{width}}  {value:.4f}" if isinstance(value, float) else f"{name:<{width}}  {value}")
+    print(f"\nsaved model, tokenizer, generation_config.json and all_results.json in {output_dir}")
+
+
+def main(argv: list[str] | None = None, callbacks=None) -> dict:
+    """Run the script with `argv` (default: the command line); returns the metrics. `callbacks` are extra
+    TrainerCallbacks (tests use them to watch the run)."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    accelerate_launch_without_gpus.use_cpu_if_no_accelerator()
+    try:
+        model_args, data_args, training_args, auto_do = parse_arguments(argv)
+    except ValueError as error:  # a value the training arguments refuse, e.g. --max_train_minutes 0
+        raise SystemExit(f"train.py: error: {' '.join(str(error).split())}") from None
+
+    logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s", level=logging.INFO)
+    log_level = training_args.get_process_log_level()
+    logger.setLevel(log_level)
+    transformers.utils.logging.set_verbosity(log_level)
+    is_main = training_args.process_index == 0
+    set_seed(training_args.seed)
+
+    # Everything that can be wrong with the arguments or the data is found here, before any training.
+    try:
+        checkpoint = resolve_checkpoint(training_args)
+        # a resumed run keeps the thread count of the run it continues (recorded in the checkpoint): the same sums
+        threads = set_cpu_threads(training_args.threads, recorded_threads(checkpoint))
+        # before the first bf16 product on a CPU: oneDNN's kernel caches would otherwise keep ~0.7 MiB per shape
+        torch_cpu_bf16_kernel_caches.limit_kernel_caches(training_args)
+        raw, source_lang, target_lang = data_args.load(cache_dir=model_args.cache_dir)
+        for flag, split in (("--do_train", "train"), ("--do_eval", "validation"), ("--do_predict", "test")):
+            wanted = getattr(training_args, flag[2:])
+            if wanted and split not in raw:
+                if not auto_do:
+                    raise DataError(f"{flag} needs a {split} split, and the data has only {list(raw)}.")
+                setattr(training_args, flag[2:], False)
+        if not (training_args.do_train or training_args.do_eval or training_args.do_predict):
+            raise DataError("nothing to do: give data with a train, validation or test split.")
+        # splits nobody will read are neither tokenised nor kept
+        needed = {
+            "train": training_args.do_train,
+            "validation": training_args.do_eval or training_args.eval_strategy != "no",
+            "test": training_args.do_predict,
+        }
+        raw = DatasetDict({split: dataset for split, dataset in raw.items() if needed[split]})
+        raw = select_samples(raw, data_args.max_samples())
+        if not training_args.do_train and model_args.model_name_or_path is None:
+            raise DataError("evaluating without training needs a trained model: pass --model_name_or_path.")
+        tokenizer, tokenizer_source = load_tokenizer(
+            model_args, raw, source_lang, target_lang, training_args, checkpoint
+        )
+        model = build_model(model_args, tokenizer, tokenizer_source)
+        with training_args.main_process_first(local=False, desc="tokenizing"):
+            tokenized = tokenize_splits(
+                raw,
+                tokenizer,
+                source_lang,
+                target_lang,
+                data_args.max_source_length,
+                data_args.max_target_length,
+                num_proc=data_args.preprocessing_num_workers
+                or default_num_workers(max(map(len, raw.values())), busy_cpus),
+                load_from_cache_file=not data_args.overwrite_cache,
+                print_fn=print if is_main else None,
+                max_positions=model.config.max_position_embeddings
+                if getattr(model.config, "position_embedding_type", None) == "learned"
+                else None,
+            )
+    except StrictDataclassError as error:  # a config value that @strict refuses: the field and why, on one line
+        raise SystemExit(f"train.py: error: {' '.join(str(error).split())}") from None
+    except (DataError, ValueError, OSError) as error:
+        raise SystemExit(f"train.py: error: {str(error).strip().splitlines()[0]}") from None
+
+    # a given --attn_implementation serves training and decoding; else the workaround may pick one for training only
+    decoding_attention = model_args.attn_implementation or model.config._attn_implementation
+    attention = decoding_attention
+    if training_args.do_train:
+        chosen = torch_cpu_bf16_flash_attention.attention_for_training(model_args.attn_implementation, training_args)
+        attention = chosen or attention
+    if attention != model.config._attn_implementation:
+        try:
+            model.set_attn_implementation(attention)
+        except ValueError as error:  # an implementation transformers does not know
+            raise SystemExit(f"train.py: error: {str(error).splitlines()[0]}") from None
+    given_max_length = training_args.generation_max_length
+    training_args.generation_max_length = given_max_length or data_args.max_target_length + 1
+    if model_args.model_name_or_path is None or model.generation_config.num_beams == 1:
+        model.generation_config = default_generation_config(
+            model.config,
+            num_beams=training_args.generation_num_beams or 4,
+            max_length=training_args.generation_max_length,
+        )
+    elif given_max_length is None and model.generation_config.max_new_tokens is not None:
+        training_args.generation_max_length = None  # the checkpoint's max_new_tokens decides, unless the flag is given
+    try:
+        trainer = build_trainer(
+            model,
+            training_args,
+            tokenizer,
+            train_dataset=tokenized.get("train") if training_args.do_train else None,
+            eval_dataset=tokenized.get("validation"),
+            compute_metrics=make_compute_metrics(tokenizer),
+            callbacks=callbacks,
+        )
+    except ValueError as error:  # e.g. a parallelism the launch asked for that cannot run here
+        raise SystemExit(f"train.py: error: {' '.join(str(error).split())}") from None
+
+    if is_main:
+        decodes_after = training_args.do_eval or training_args.do_predict  # with the decoding attention
+        parameters = sum(p.numel() for p in model.parameters())
+        per_device, accumulation = training_args.per_device_train_batch_size, training_args.gradient_accumulation_steps
+        scale = f"x {training_args.world_size} processes x {accumulation} accumulation steps"
+        if training_args.max_tokens_per_batch:
+            batch = f"<= {training_args.max_tokens_per_batch} padded tokens per side per device {scale}"
+        else:
+            total = per_device * training_args.world_size * accumulation
+            batch = f"{per_device} pairs per device {scale} = {total} pairs"
+        print(
+            f"model: {parameters / 1e6:.2f}M parameters ({model_args.model_name_or_path or model_args.preset}); "
+            f"{source_lang}->{target_lang}; tokenizer: {tokenizer_source}; global batch {batch}; "
+            f"CPU threads {threads}; precision: {describe_precision(training_args)}; "
+            f"attention: {model.config._attn_implementation}"
+            + (f" (decoding: {decoding_attention})" if decodes_after and decoding_attention != attention else "")
+            + "; "
+            f"parallelism: {describe_parallelism(trainer.accelerator)}"
+        )
+        if training_args.do_train and training_args.max_train_minutes is not None:
+            alone = training_args.max_steps == UNLIMITED_STEPS
+            print(
+                f"time budget: training stops after {training_args.max_train_minutes:g} min of training "
+                "(evaluation and checkpoint saving not counted)"
+                + ("; epochs repeat until then" if alone else ", or at the step or epoch limit if that comes first")
+            )
+
+    all_metrics: dict = {}
+    if training_args.do_train:
+        result = trainer.train(resume_from_checkpoint=checkpoint)
+        budget = find_time_budget(trainer.callback_handler.callbacks)
+        if is_main and budget is not None and budget.stopped_at_step is not None:
+            print(
+                f"train.py: stopped after {format_duration(budget.elapsed_seconds)} of training "
+                f"(--max_train_minutes {budget.minutes:g}) at step {budget.stopped_at_step}"
+            )
+        trainer.save_model()  # model, tokenizer and generation_config.json
+        metrics = dict(result.metrics, train_samples=len(tokenized["train"]))
+        trainer.log_metrics("train", metrics)
+        trainer.save_metrics("train", metrics)
+        trainer.save_state()
+        all_metrics.update(metrics)
+    if decoding_attention != model.config._attn_implementation:
+        model.set_attn_implementation(decoding_attention)  # the training attention was for the backward pass
+    if training_args.do_eval:
+        metrics = trainer.evaluate(metric_key_prefix="eval")
+        metrics["eval_samples"] = len(tokenized["validation"])
+        trainer.log_metrics("eval", metrics)
+        trainer.save_metrics("eval", metrics)
+        all_metrics.update(metrics)
+    if training_args.do_predict:
+        prediction = trainer.predict(tokenized["test"], metric_key_prefix="predict")
+        metrics = dict(prediction.metrics, predict_samples=len(tokenized["test"]))
+        trainer.log_metrics("predict", metrics)
+        trainer.save_metrics("predict", metrics)
+        all_metrics.update(metrics)
+        if trainer.is_world_process_zero():
+            ids = prediction.predictions
+            ids = ids.clip(min=0)  # -100 pads between batches
+            # one line per test pair, in the file's order (a generated line break would split a line)
+            lines = [" ".join(s.split()) for s in tokenizer.batch_decode(ids, skip_special_tokens=True)]
+            with open(os.path.join(training_args.output_dir, "generated_predictions.txt"), "w") as f:
+                f.write("\n".join(lines) + "\n")
+
+    if trainer.is_world_process_zero() and not os.path.isfile(os.path.join(training_args.output_dir, "config.json")):
+        print(f"train.py: no model card: {training_args.output_dir} holds no saved model (nothing was trained here)")
+    elif trainer.is_world_process_zero():
+        from ..hub.model_card import write_model_card
+
+        recipe = training_args
+        if training_args.max_steps == UNLIMITED_STEPS:  # the budget's step cap: the card reports the steps trained
+            recipe = dict(training_args.to_dict(), max_steps=trainer.state.global_step)
+        write_model_card(
+            training_args.output_dir,
+            metrics=all_metrics,
+            training_args=recipe,
+            dataset_name=data_args.dataset_name
+            or data_args.train_file
+            or ("the built-in German->English number-words demo corpus" if not data_args.has_own_data() else None),
+            source_lang=source_lang,
+            target_lang=target_lang,
+        )
+        print_summary(all_metrics, training_args.output_dir)
+    # Every process leaves its process group before it exits (transformers' `Trainer.end`): left to the interpreter's
+    # exit, a gloo group can abort the process after its work is saved (`workarounds.torch_gloo_group_teardown`).
+    # Only on success: a process that failed leaves the group as it is (destroying it while the others still wait in
+    # a collective can hang them).
+    trainer.end()
+    return all_metrics
