@@ -4,18 +4,16 @@ defaults that the flags a user gives imply."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from functools import cached_property
 
-import torch
 from transformers import Seq2SeqTrainingArguments
 from transformers.trainer_utils import SchedulerType
 
 from .time_budget import check_minutes, check_scheduler
-from .workarounds import transformers_ddp_timeout_on_cpu
+from .workarounds.overrides import TrainingArgumentsOverrides
 
 
 @dataclass
-class TranslationTrainingArguments(Seq2SeqTrainingArguments):
+class TranslationTrainingArguments(TrainingArgumentsOverrides, Seq2SeqTrainingArguments):
     """`Seq2SeqTrainingArguments` (every flag) with the paper's recipe (§5.3, §5.4, §6.1) as defaults: Adam with
     β1 = 0.9, β2 = 0.98, ε = 1e-9 (AdamW with weight decay 0 is Adam), linear warmup then inverse square root decay,
     label smoothing 0.1, evaluation by beam search with beam 4. (Dropout 0.1 is a model setting: see --preset.)"""
@@ -94,11 +92,6 @@ class TranslationTrainingArguments(Seq2SeqTrainingArguments):
         check_minutes(self.max_train_minutes)
         if self.max_train_minutes is not None:
             check_scheduler(self.lr_scheduler_type, self.lr_scheduler_kwargs)
-
-    @cached_property
-    def _setup_devices(self) -> torch.device:
-        transformers_ddp_timeout_on_cpu.init_cpu_process_group(self)  # so that --ddp_timeout holds on CPU too
-        return super()._setup_devices
 
 
 def implied_defaults(given: set[str], values: dict, accelerator_available: bool = True) -> dict:

@@ -26,15 +26,8 @@ from .cpu import CpuThreadsCallback
 from .data import REFERENCE_COLUMN
 from .sharding import ParallelismReportCallback, check_parallelism_can_run
 from .time_budget import BudgetProgressCallback, TimeBudgetCallback, find_time_budget
-from .workarounds import (
-    accelerate_fsdp_on_cpu,
-    torch_fsdp_aliased_module_load,
-    torch_fsdp_class_swap,
-    torch_fsdp_gathered_ties,
-    torch_gloo_group_teardown,
-    transformers_resume_past_the_end,
-    transformers_tied_names_missing_on_resume,
-)
+from .workarounds import accelerate_fsdp_on_cpu, torch_gloo_group_teardown
+from .workarounds.overrides import TrainerOverrides
 
 
 def generated_lengths(predictions: np.ndarray, pad: int, eos: int | None, start: int | None) -> np.ndarray:
@@ -149,11 +142,11 @@ def _scored_against(compute_metrics: Callable, references: Sequence[str], eval_p
     return compute_metrics(cut, references=references)
 
 
-class TranslationTrainer(TokenBatchingSeq2SeqTrainer):
+class TranslationTrainer(TrainerOverrides, TokenBatchingSeq2SeqTrainer):
     """The trainer train.py uses: token batching (TokenBatchingSeq2SeqTrainer), FSDP on CPU processes when the
     launch asked for it (`workarounds.accelerate_fsdp_on_cpu`: Accelerate alone would train them with plain data
     parallelism), and label smoothing computed by the model. The underscore methods it overrides each call a
-    workaround for a limit of transformers or PyTorch (`workarounds`).
+    workaround for a limit of transformers or PyTorch; they sit in `workarounds.overrides.TrainerOverrides`.
 
     With ``label_smoothing_factor``, a model whose ``forward`` takes ``smoothing`` (ours) computes the smoothed
     training loss itself, with the same value as Trainer's ``LabelSmoother`` (which needs a log-softmax of the logits'
@@ -286,26 +279,6 @@ class TranslationTrainer(TokenBatchingSeq2SeqTrainer):
         check_parallelism_can_run(self.args)
         super().create_accelerator_and_postprocess()
         accelerate_fsdp_on_cpu.enable_in_trainer(self)
-
-    def _save(self, output_dir: str | None = None, state_dict: dict | None = None) -> None:
-        # under FSDP, `state_dict` is the gathered full one
-        if state_dict is not None:
-            state_dict = torch_fsdp_gathered_ties.share_tied_tensors(state_dict, self.model)
-        with torch_fsdp_class_swap.model_class_unwrapped(self.model):
-            super()._save(output_dir, state_dict=state_dict)
-
-    def _run_epoch(self, *args, **kwargs):
-        if transformers_resume_past_the_end.stop_if_finished(self):
-            return
-        return super()._run_epoch(*args, **kwargs)
-
-    def _load_from_checkpoint(self, resume_from_checkpoint: str, model=None) -> None:
-        if not torch_fsdp_aliased_module_load.load_in_trainer(self, resume_from_checkpoint, model):
-            super()._load_from_checkpoint(resume_from_checkpoint, model)
-
-    def _issue_warnings_after_load(self, load_result) -> None:
-        load_result = transformers_tied_names_missing_on_resume.drop_loaded_tied_names(load_result, self.model)
-        super()._issue_warnings_after_load(load_result)
 
 
 def build_trainer(
