@@ -11,9 +11,9 @@ import shlex
 import subprocess
 import sys
 
-import sacrebleu
 import torch
 
+from vanilla_transformer.inference.score import score
 from vanilla_transformer.inference.translate import translate
 
 
@@ -26,17 +26,13 @@ def corpus_files(data_dir: str) -> dict[str, str]:
 
 
 def test_bleu(model, tokenizer, test_split, src: str, tgt: str, num_beams: int = 4) -> tuple[float, float, list[str]]:
-    """(sacreBLEU, chrF, hypotheses) of `model` on the test split with beam search."""
+    """(sacreBLEU, chrF, hypotheses) of `model` on the test split with beam search: the toolkit's `translate` and
+    `score`, as train.py evaluates."""
     sources = [ex[src] for ex in test_split["translation"]]
     references = [ex[tgt] for ex in test_split["translation"]]
-    model.eval()
-    with torch.inference_mode():
-        hypotheses = translate(model, tokenizer, sources, batch_size=64, num_beams=num_beams, progress=False)
-    return (
-        sacrebleu.corpus_bleu(hypotheses, [references]).score,
-        sacrebleu.corpus_chrf(hypotheses, [references]).score,
-        hypotheses,
-    )
+    hypotheses = translate(model.eval(), tokenizer, sources, batch_size=64, num_beams=num_beams, progress=False)
+    scores = score(hypotheses, references)
+    return scores["bleu"], scores["chrf"], hypotheses
 
 
 def result_line(result: dict) -> str:

@@ -20,12 +20,12 @@ import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 
-import sacrebleu
 import torch
 from transformers import HfArgumentParser
 
 from vanilla_transformer.inference.ctranslate2 import export_ctranslate2, load_ctranslate2_translator
 from vanilla_transformer.inference.loading import load_translator
+from vanilla_transformer.inference.score import score
 from vanilla_transformer.inference.translate import translate
 
 
@@ -75,12 +75,13 @@ def main(argv: list[str] | None = None) -> dict:
                 seconds = time.perf_counter() - start
                 outputs[(name, num_beams)] = hypotheses
                 same = sum(a == b for a, b in zip(hypotheses, outputs[("transformers", num_beams)]))
+                scores = score(hypotheses, references)
                 rows.append(
                     {
                         "engine": name,
                         "num_beams": num_beams,
-                        "bleu": sacrebleu.corpus_bleu(hypotheses, [references]).score,
-                        "chrf": sacrebleu.corpus_chrf(hypotheses, [references]).score,
+                        "bleu": scores["bleu"],
+                        "chrf": scores["chrf"],
                         "identical_to_transformers": same,
                         "sentences": len(sources),
                         "seconds": seconds,

@@ -4,8 +4,10 @@ generated length up to the first eos."""
 import numpy as np
 import pytest
 import sacrebleu
-from transformers import EvalPrediction
+from transformers import EvalPrediction, GenerationConfig
 
+from vanilla_transformer.inference.score import score, signatures
+from vanilla_transformer.inference.translate import output_limit
 from vanilla_transformer.training.tokenizer import train_tokenizer
 from vanilla_transformer.training.trainer import generated_lengths, make_compute_metrics
 
@@ -65,3 +67,28 @@ def test_gen_len_counts_up_to_the_first_eos(tokenizer):
         2,
         1,
     ]
+
+
+def test_score_equals_the_sacrebleu_package():
+    """inference.score: the one scorer of evaluation, translate.py and the benchmarks."""
+    perfect = score(REFERENCES, REFERENCES)
+    assert perfect == {"bleu": pytest.approx(100), "chrf": pytest.approx(100), "exact_match": 100.0}
+    scores = score([f" {h} " for h in HYPOTHESES], REFERENCES)  # surrounding spaces do not count
+    bleu, chrf = sacrebleu.corpus_bleu(HYPOTHESES, [REFERENCES]), sacrebleu.corpus_chrf(HYPOTHESES, [REFERENCES])
+    assert scores == {"bleu": round(bleu.score, 4), "chrf": round(chrf.score, 4), "exact_match": 25.0}
+    with pytest.raises(ValueError, match="3 translations for 4 references"):
+        score(HYPOTHESES[:3], REFERENCES)
+    signature = signatures()
+    assert signature["bleu"].startswith("nrefs:1|") and "tok:13a" in signature["bleu"]
+    assert signature["chrf"].startswith("nrefs:1|")
+
+
+def test_the_output_limit_is_the_input_length_plus_50_unless_given():
+    """inference.translate.output_limit: §6.1's limit, a given max_new_tokens, a cap (train.py's
+    --generation_max_length, counting the decoder start token), or a checkpoint's own max_new_tokens."""
+    config = GenerationConfig(max_length=20)
+    assert output_limit(7, config) == {"max_new_tokens": 57, "max_length": None}  # the config's max_length yields
+    assert output_limit(7, config, max_new_tokens=3) == {"max_new_tokens": 3, "max_length": None}
+    assert output_limit(7, config, max_length=30) == {"max_length": 30, "max_new_tokens": None}
+    assert output_limit(7, config, max_length=300) == {"max_length": 58, "max_new_tokens": None}
+    assert output_limit(7, GenerationConfig(max_new_tokens=5)) == {}  # the checkpoint's stands

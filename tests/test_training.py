@@ -22,6 +22,7 @@ from torch.utils.data import BatchSampler, DataLoader
 from transformers import (
     AutoModelForSeq2SeqLM,
     AutoTokenizer,
+    GenerationConfig,
     PreTrainedTokenizerFast,
     Seq2SeqTrainingArguments,
     TrainerCallback,
@@ -485,6 +486,7 @@ class EchoModel(torch.nn.Module):
     def __init__(self):
         super().__init__()
         self.weight = torch.nn.Parameter(torch.zeros(1))
+        self.generation_config = GenerationConfig()
         self.calls = []
 
     def generate(self, input_ids, attention_mask, max_new_tokens, **kwargs):

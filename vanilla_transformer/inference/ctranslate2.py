@@ -37,6 +37,8 @@ from dataclasses import dataclass
 import torch
 from huggingface_hub.errors import StrictDataclassError
 
+from .translate import EXTRA_TOKENS, translate_in_batches
+
 INSTALL_HINT = "CTranslate2 is not installed; install it with: pip install 'vanilla-transformer[ctranslate2]'"
 QUANTIZATIONS = ("int8", "int8_float32", "int16", "float32", "float16", "bfloat16")
 COMPUTE_TYPES = ("default", "auto", "int8", "int8_float32", "int8_float16", "int8_bfloat16", "int16")
@@ -307,11 +309,11 @@ class CTranslate2Translator:
         length_penalty: float | None = None,
         patience: float | None = None,
         max_new_tokens: int | None = None,
-        extra_tokens: int = 50,
+        extra_tokens: int = EXTRA_TOKENS,
         asynchronous: bool = False,
     ) -> list[str] | Callable[[], list[str]]:
         """Translate one batch of tokenized sources (see `encode`); returns decoded strings. Without `max_new_tokens`
-        a translation may have the longest source's length + `extra_tokens` tokens, as `training.translate` does.
+        a translation may have the longest source's length + `extra_tokens` tokens, as `inference.translate` does.
         `asynchronous`: return at once a function that waits for the strings (another worker translates)."""
         longest = max((len(tokens) for tokens in sources), default=0)
         if longest > self.max_positions:
@@ -349,15 +351,13 @@ class CTranslate2Translator:
         length_penalty: float | None = None,
         patience: float | None = None,
         max_new_tokens: int | None = None,
-        extra_tokens: int = 50,
+        extra_tokens: int = EXTRA_TOKENS,
         progress: bool | None = None,
     ) -> list[str]:
         """Translate `sentences` in batches of similar length, returning translations in input order; empty lines
         translate to empty lines. Beam size, length penalty and patience default to the saved generation config's
         (see `GenerationDefaults`). With several CTranslate2 workers (`inter_threads`), as many batches are
         translated at once."""
-        from .translate import translate_in_batches
-
         if num_beams is not None and num_beams < 1:
             raise ValueError(f"num_beams={num_beams} must be at least 1.")
         encoded = [self.encode(s) if s.strip() else None for s in sentences]

@@ -1,9 +1,11 @@
 """Loading a trained model for translating: the model (refused when its encoder or decoder weights are missing), its
-tokenizer, and the check that the two agree. Imports neither datasets nor the training stack."""
+tokenizer, the check that the two agree, and either engine as one translate function (`load_engine`). Imports neither
+datasets nor the training stack."""
 
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 
 import torch
 from transformers import AutoTokenizer
@@ -67,3 +69,45 @@ def check_tokenizer_matches_config(tokenizer, config, tokenizer_name: str = "the
             f"{tokenizer_name} has {len(tokenizer)} tokens but the model's vocabulary holds only "
             f"{min(config.vocab_size, config.decoder_vocab_size)}."
         )
+
+
+ENGINES = ("transformers", "ctranslate2")
+
+
+def load_engine(
+    model_dir: str,
+    engine: str = "transformers",
+    *,
+    device: str | None = None,
+    threads: int | None = None,
+    compute_type: str = "default",
+    inter_threads: int = 1,
+) -> Callable[..., list[str]]:
+    """A function that translates a list of sentences (keywords: `batch_size`, `num_beams`, `length_penalty`,
+    `max_new_tokens`, `progress`) with the model in `model_dir`: transformers' generate() (`inference.translate
+    .translate`) or CTranslate2 (an export, or a saved model exported in memory first; `compute_type` and
+    `inter_threads` apply to it alone). Both batch by length, as `translate_in_batches` does."""
+    if engine not in ENGINES:
+        raise ValueError(f"--engine {engine!r} is not supported; allowed: {', '.join(ENGINES)}.")
+    if engine != "ctranslate2" and (compute_type != "default" or inter_threads != 1):
+        raise ValueError("--compute_type and --inter_threads apply to --engine ctranslate2 only.")
+    if engine == "ctranslate2":
+        from .ctranslate2 import load_ctranslate2_translator
+
+        # "auto": a GPU where CTranslate2 sees one and its CUDA libraries load, else the CPU (saying why)
+        translator = load_ctranslate2_translator(
+            model_dir, device=device or "auto", compute_type=compute_type, threads=threads, inter_threads=inter_threads
+        )
+        return translator.translate
+    from .translate import translate
+
+    model, tokenizer = load_translator(model_dir, device=device)
+    return lambda sentences, **options: translate(model, tokenizer, sentences, **options)
+
+
+def read_lines(flag: str, path: str) -> list[str]:
+    """The lines of a text file given as `flag`, without their line ends; a one-line error when it is missing."""
+    if not os.path.isfile(path):
+        raise ValueError(f"{flag} {path!r} does not exist.")
+    with open(path, encoding="utf-8") as f:
+        return f.read().splitlines()

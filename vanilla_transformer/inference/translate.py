@@ -46,7 +46,67 @@ def translate_in_batches(
     return translations
 
 
+# §6.1: "We set the maximum output length during inference to input length + 50"
+EXTRA_TOKENS = 50
+
+
+def output_limit(
+    input_length: int,
+    generation_config,
+    max_new_tokens: int | None = None,
+    max_length: int | None = None,
+    extra_tokens: int = EXTRA_TOKENS,
+) -> dict:
+    """generate()'s length arguments for a batch whose longest source has `input_length` tokens: `max_new_tokens`
+    when given; else at most the input length + `extra_tokens` new tokens (§6.1), capped by `max_length` when given
+    (train.py's --generation_max_length, which counts the decoder start token); with neither, a generation config's
+    own max_new_tokens (a checkpoint's) stands. One of the two is set and the other None: generate() prefers a
+    max_new_tokens to any max_length, and warns when both are set."""
+    if max_new_tokens is not None:
+        return {"max_new_tokens": max_new_tokens, "max_length": None}
+    if max_length is not None:
+        return {"max_length": min(input_length + extra_tokens + 1, max_length), "max_new_tokens": None}
+    if generation_config.max_new_tokens is not None:
+        return {}
+    return {"max_new_tokens": input_length + extra_tokens, "max_length": None}
+
+
 @torch.inference_mode()
+def generate_in_batches(
+    model: PreTrainedModel,
+    tokenizer,
+    encoded: Sequence[Sequence[int] | None],
+    *,
+    batch_size: int = 32,
+    num_beams: int | None = None,
+    length_penalty: float | None = None,
+    max_new_tokens: int | None = None,
+    max_length: int | None = None,
+    extra_tokens: int = EXTRA_TOKENS,
+    progress: bool | None = None,
+    **generate_kwargs,
+) -> list[str]:
+    """`translate` on token ids: `encoded` holds each source's ids (None for an empty line, which translates to an
+    empty line). Each length-sorted batch is padded, decoded by `model.generate` within `output_limit` and its output
+    decoded to text; the translations come back in input order. Further keyword arguments go to generate() (e.g.
+    synced_gpus under FSDP)."""
+    if num_beams is not None and num_beams < 1:
+        raise ValueError(f"num_beams={num_beams} must be at least 1.")
+    device = next(model.parameters()).device
+    options = {"num_beams": num_beams, "length_penalty": length_penalty, **generate_kwargs}
+    options = {name: value for name, value in options.items() if value is not None}  # None: the model's own
+
+    def run_batch(batch: list[list[int]]) -> list[str]:
+        inputs = tokenizer.pad({"input_ids": batch}, return_tensors="pt").to(device)
+        limit = output_limit(
+            inputs["input_ids"].shape[1], model.generation_config, max_new_tokens, max_length, extra_tokens
+        )
+        outputs = model.generate(**inputs, **limit, **options)
+        return tokenizer.batch_decode(outputs, skip_special_tokens=True)
+
+    return translate_in_batches(encoded, run_batch, batch_size=batch_size, progress=progress)
+
+
 def translate(
     model: PreTrainedModel,
     tokenizer,
@@ -56,7 +116,7 @@ def translate(
     num_beams: int | None = None,
     length_penalty: float | None = None,
     max_new_tokens: int | None = None,
-    extra_tokens: int = 50,
+    extra_tokens: int = EXTRA_TOKENS,
     progress: bool | None = None,
 ) -> list[str]:
     """Translate `sentences` with beam search, in batches of similar length (less padding), returning the
@@ -65,17 +125,14 @@ def translate(
     model's generation config. `progress`: a tqdm bar (default: when there is more than one batch). Empty lines
     translate to empty lines."""
     encoded = [tokenizer(s)["input_ids"] if s.strip() else None for s in sentences]
-    device = next(model.parameters()).device
-
-    def run_batch(batch: list[list[int]]) -> list[str]:
-        inputs = tokenizer.pad({"input_ids": batch}, return_tensors="pt").to(device)
-        limit = max_new_tokens if max_new_tokens is not None else inputs["input_ids"].shape[1] + extra_tokens
-        kwargs = {"max_new_tokens": limit, "max_length": None}  # the generation config's max_length yields to it
-        if num_beams is not None:
-            kwargs["num_beams"] = num_beams
-        if length_penalty is not None:
-            kwargs["length_penalty"] = length_penalty
-        outputs = model.generate(**inputs, **kwargs)
-        return tokenizer.batch_decode(outputs, skip_special_tokens=True)
-
-    return translate_in_batches(encoded, run_batch, batch_size=batch_size, progress=progress)
+    return generate_in_batches(
+        model,
+        tokenizer,
+        encoded,
+        batch_size=batch_size,
+        num_beams=num_beams,
+        length_penalty=length_penalty,
+        max_new_tokens=max_new_tokens,
+        extra_tokens=extra_tokens,
+        progress=progress,
+    )
