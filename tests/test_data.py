@@ -16,6 +16,7 @@ from vanilla_transformer.training.data import (
     english_number,
     german_number,
     load_raw_datasets,
+    sentence_pairs,
     tokenize_splits,
 )
 from vanilla_transformer.training.tokenizer import train_tokenizer
@@ -204,7 +205,8 @@ def test_evaluation_splits_keep_every_pair_truncate_long_sources_and_keep_whole_
             "are truncated for the loss only" in out
         )
         rows = tokenized[split]
-        assert list(rows[data.REFERENCE_COLUMN]) == [pair["en"] for pair in pairs]  # whole, in the file's order
+        assert list(rows["translation"]) == pairs  # the sentences whole, every row in the file's order
+        assert sentence_pairs(rows[:], "de", "en") == ([p["de"] for p in pairs], [p["en"] for p in pairs])
         whole = [tokenizer(pair["de"])["input_ids"] for pair in pairs]
         assert len(whole[1]) > 8
         assert list(rows["input_ids"]) == [whole[0], whole[1][:7] + [eos], whole[2], [eos]]  # cut, the eos kept

@@ -8,17 +8,14 @@ import re
 import subprocess
 import sys
 
-import numpy as np
 import pytest
 import sacrebleu
 import torch
-from accelerate.data_loader import BatchSamplerShard
 from conftest import ROOT, TINY_OVERRIDES, free_port, load_script, run_script, script_env, tiny_model
 from datasets import DatasetDict
 from huggingface_hub.errors import StrictDataclassError
 from safetensors.torch import load_file
 from tokenizers import Tokenizer, models, pre_tokenizers
-from torch.utils.data import BatchSampler, DataLoader
 from transformers import (
     AutoModelForSeq2SeqLM,
     AutoTokenizer,
@@ -32,14 +29,15 @@ from transformers.trainer_utils import sort_checkpoints
 from transformers.utils import logging as transformers_logging
 
 from vanilla_transformer import VanillaTransformerConfig, VanillaTransformerForConditionalGeneration
+from vanilla_transformer.inference.score import score
 from vanilla_transformer.inference.translate import translate
 from vanilla_transformer.training import recipe
 from vanilla_transformer.training.arguments import implied_defaults
 from vanilla_transformer.training.checkpoints import load_weights, save_averaged_model
-from vanilla_transformer.training.data import REFERENCE_COLUMN, demo_corpus, tokenize_splits
+from vanilla_transformer.training.data import demo_corpus, tokenize_splits
 from vanilla_transformer.training.presets import PRESETS, build_config, default_generation_config
 from vanilla_transformer.training.tokenizer import iterate_texts, train_tokenizer
-from vanilla_transformer.training.trainer import LongestFirstSampler, build_trainer, longest_first_order, restore_order
+from vanilla_transformer.training.trainer import build_trainer
 
 TINY_MODEL = [
     "--config_overrides",
@@ -441,6 +439,31 @@ def test_bf16_on_a_cpu_decodes_with_the_default_attention_once_training_is_over(
     assert "; attention: eager;" in capsys.readouterr().out
 
 
+def test_evaluation_during_training_picks_the_best_model_by_bleu(tmp_path, demo_tokenizer):
+    """--eval_strategy steps with --load_best_model_at_end --metric_for_best_model bleu: every evaluation during
+    training translates and scores the validation split (its BLEU in the log and in the callbacks' metrics), and the
+    model kept is the checkpoint of the best BLEU."""
+    out = tmp_path / "run"
+    seen = []
+
+    class Watch(TrainerCallback):
+        def on_evaluate(self, args, state, control, metrics=None, **kwargs):
+            seen.append(metrics)
+
+    argv = ["--output_dir", str(out), "--tokenizer_name", demo_tokenizer, "--do_train", "--max_steps", "6"]
+    argv += ["--max_train_samples", "64", "--max_eval_samples", "6", "--per_device_train_batch_size", "16"]
+    argv += ["--eval_strategy", "steps", "--eval_steps", "2", "--load_best_model_at_end", "--threads", "1"]
+    argv += ["--metric_for_best_model", "bleu", "--learning_rate", "1e-2", "--warmup_steps", "1", *TINY_MODEL]
+    recipe.main(argv, callbacks=[Watch()])
+    state = json.loads((out / "trainer_state.json").read_text())
+    bleus = {entry["step"]: entry["eval_bleu"] for entry in state["log_history"] if "eval_bleu" in entry}
+    assert sorted(bleus) == [2, 4, 6] and [m["eval_bleu"] for m in seen[:3]] == list(bleus.values())
+    best = max(bleus.values())
+    assert state["best_metric"] == best
+    assert seen[3]["eval_bleu"] == best  # the evaluation after training (--eval_strategy implies --do_eval) scores it
+    assert state["best_model_checkpoint"].endswith(f"checkpoint-{min(s for s, b in bleus.items() if b == best)}")
+
+
 @pytest.mark.slow
 def test_train_with_token_based_batches(tmp_path):
     """--max_tokens_per_batch swaps sentence batches for token-bounded ones (tests/test_batching.py covers the
@@ -511,18 +534,15 @@ def test_translate_batches_by_length_and_keeps_input_order(capsys):
 # --------------------------------------------------------------------------------------------------------------------
 
 
-def test_evaluation_generates_longest_first_and_returns_rows_in_order(tmp_path, demo_tokenizer, one_thread):
+def test_evaluation_translates_like_translate_py_and_scores_the_sentences(tmp_path, demo_tokenizer, one_thread):
+    """Evaluation goes translate.py's way: the split's source ids in length-sorted batches (shortest first), the
+    translations in row order, scored against the split's target sentences as written; the loss from the Trainer's
+    own loop."""
     tokenizer = AutoTokenizer.from_pretrained(demo_tokenizer)
     raw = DatasetDict({"test": demo_corpus()["test"].select(range(16))})
     test = tokenize_splits(raw, tokenizer, "de", "en", 32, 32, print_fn=None)["test"]
     argv = ["--output_dir", str(tmp_path), "--per_device_eval_batch_size", "3", "--report_to", "none"]
     _, _, args, _ = recipe.parse_arguments([*argv, "--generation_max_length", "8"])
-    seen = {}
-
-    def compute_metrics(prediction, references=None) -> dict:
-        seen.update(predictions=prediction.predictions, labels=prediction.label_ids, references=references)
-        return {}
-
     model = tiny_model(vocab_size=len(tokenizer))
     batches = []
 
@@ -531,42 +551,16 @@ def test_evaluation_generates_longest_first_and_returns_rows_in_order(tmp_path, 
         return input_ids
 
     model.generate = echo
-    trainer = build_trainer(model, args, tokenizer, compute_metrics=compute_metrics)
+    output = build_trainer(model, args, tokenizer, languages=("de", "en")).predict(test)
     lengths = [len(ids) for ids in test["input_ids"]]
-    order = longest_first_order(trainer.get_test_dataloader(test))
-    assert order is not None and [lengths[i] for i in order] == sorted(lengths, reverse=True)
-
-    output = trainer.predict(test)
-    assert [length for batch in batches for length in batch] == sorted(lengths, reverse=True)
+    assert [length for batch in batches for length in batch] == sorted(lengths)
+    assert max(len(batch) for batch in batches) == 3
     sources = [pair["de"] for pair in raw["test"]["translation"]]
-    references = list(test[REFERENCE_COLUMN])
-    # compute_metrics saw predictions, labels and references in one order, longest source first
-    assert [decode(tokenizer, ids) for ids in seen["predictions"]] == [sources[i] for i in order]
-    assert [decode(tokenizer, ids) for ids in seen["labels"]] == seen["references"] == [references[i] for i in order]
-    # predict returns them in row order
-    assert [decode(tokenizer, ids) for ids in output.predictions] == sources
-    assert [decode(tokenizer, ids) for ids in output.label_ids] == references
-
-
-def decode(tokenizer, ids) -> str:
-    return tokenizer.decode(np.asarray(ids).clip(min=0), skip_special_tokens=True).strip()
-
-
-@pytest.mark.parametrize("processes", [2, 3])
-def test_predictions_of_several_processes_are_put_back_in_order(processes):
-    """Under accelerate each process takes every `processes`-th batch of the longest-first order, the last batches
-    evened out with rows from the start; the Trainer gathers the processes' batches step by step. Here each row
-    "predicts" its own index, so the restored rows must read 0, 1, 2, ..."""
-    lengths = [3, 9, 1, 7, 7, 2, 5, 8, 4, 6, 2]
-    sampler = LongestFirstSampler(lengths)
-    shards = [
-        BatchSamplerShard(BatchSampler(sampler, 2, drop_last=False), processes, index, even_batches=True)
-        for index in range(processes)
-    ]
-    assert longest_first_order(DataLoader(range(len(lengths)), batch_sampler=shards[0])) == sampler.order
-    gathered = [row for step in zip(*map(list, shards)) for batch in step for row in batch]
-    assert len(gathered) > len(lengths)  # rows repeated to even out the batches
-    assert restore_order(np.array(gathered), sampler.order).tolist() == list(range(len(lengths)))
+    references = [pair["en"] for pair in raw["test"]["translation"]]
+    assert output.predictions == sources  # in row order
+    scores = score(sources, references)
+    assert {name: output.metrics[f"test_{name}"] for name in scores} == scores
+    assert output.metrics["test_loss"] > 0
 
 
 # train.py with a model that "translates" each source into itself (tokenised, so truncated where it is too long)
@@ -836,7 +830,8 @@ def test_a_checkpoints_max_new_tokens_yields_to_generation_max_length(
 def test_evaluation_generates_at_most_the_input_length_plus_50_tokens(
     tmp_path, demo_tokenizer, one_thread, generation_max_length
 ):
-    """§6.1's output limit per batch, as translate.py decodes; a --generation_max_length given still caps it. The
+    """§6.1's output limit per batch, as translate.py decodes (the same function); a --generation_max_length given
+    caps it. The
     limit reaches generate() without its warning that max_new_tokens and the generation config's max_length were both
     set (once per batch, in every evaluation of train.py before)."""
     tokenizer = AutoTokenizer.from_pretrained(demo_tokenizer)
@@ -857,11 +852,13 @@ def test_evaluation_generates_at_most_the_input_length_plus_50_tokens(
 
     model.generate = record
     with CaptureLogger(transformers_logging.get_logger("transformers.generation.utils")) as captured:
-        build_trainer(model, args, tokenizer).predict(test, num_beams=1)
+        build_trainer(model, args, tokenizer, languages=("de", "en")).predict(test, num_beams=1)
     assert "seem to have been set" not in captured.out
     assert len(calls) == 2
     for source_length, max_new_tokens, max_length, output_length in calls:
-        cap = 257 if generation_max_length is None else generation_max_length
-        # the decoder start token + at most input length + 50 new tokens
-        assert max_length == min(source_length + 51, cap) and max_new_tokens is None
-        assert output_length == max_length
+        if generation_max_length is None:  # as translate.py: at most input length + 50 new tokens
+            assert max_new_tokens == source_length + 50 and max_length is None
+            assert output_length == 1 + max_new_tokens  # the decoder start token
+        else:  # the decoder start token + at most input length + 50 new tokens, within the flag's length
+            assert max_length == min(source_length + 51, generation_max_length) and max_new_tokens is None
+            assert output_length == max_length

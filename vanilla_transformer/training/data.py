@@ -413,7 +413,7 @@ def sentence_pairs(batch: dict, source_lang: str, target_lang: str) -> tuple[lis
 
 
 # Part of the tokenized splits' cache key: change it whenever `tokenize_splits` gives other rows for the same inputs.
-TOKENIZATION_VERSION = "1"
+TOKENIZATION_VERSION = "2"
 
 
 def tokenizer_fingerprint(tokenizer) -> str:
@@ -467,11 +467,6 @@ def default_num_workers(num_rows: int, busy_cpus: Callable[[], float] | None = N
     return max(1, min(most, int(cpus - busy + 0.5)))
 
 
-# The column of the validation and test splits that holds each target sentence as written: BLEU and chrF compare the
-# predictions with it, whole, even where the labels (used for the evaluation loss) are truncated
-REFERENCE_COLUMN = "reference"
-
-
 def _count_longer(dataset: Dataset, column: str, limit: int) -> int:
     """How many rows of a tokenized split hold more than `limit` tokens in `column` (lengths read from Arrow)."""
     lengths = pyarrow.compute.list_value_length(dataset.with_format("arrow")[column])
@@ -490,14 +485,15 @@ def tokenize_splits(
     print_fn: Callable[[str], None] | None = print,
     max_positions: int | None = None,
 ) -> DatasetDict:
-    """Tokenise every split with `tokenizer(sources, text_target=targets)` (both end with eos).
+    """Tokenise every split, once, with `tokenizer(sources, text_target=targets)` (both end with eos).
 
     The training split drops the pairs whose source or target is longer than the limits, printing how many: its labels
-    are never truncated. The validation and test splits keep every pair, in order, so that every line of the user's
-    file is translated and scored: a source longer than `max_source_length` (or than `max_positions`, the model's
-    learned positions, when given) is truncated to it by the tokenizer, and so are the labels, which only the
-    evaluation loss reads; the target sentence itself is kept whole in the `REFERENCE_COLUMN` column, for BLEU and
-    chrF. One line per split says how many sources were truncated, when any were.
+    are never truncated. The validation and test splits keep every pair, in order, and their sentences beside the ids
+    (`sentence_pairs` reads them), so that every line of the user's file is translated and scored against its target
+    sentence as written: a source longer than `max_source_length` (or than `max_positions`, the model's learned
+    positions, when given) is cut to it as the tokenizer's truncation cuts (its last tokens, the eos, kept), and so
+    are the labels, which only the evaluation loss reads. One line per split says how many sources were cut, when any
+    were.
 
     A split read from files (or any split with `datasets` cache files) is cached next to them, in `datasets`' cache:
     a later call with the same data, tokenizer, languages and limits loads the result instead of tokenising again
@@ -509,25 +505,24 @@ def tokenize_splits(
     source_limit, target_limit = max_source_length, max_target_length
     if max_positions is not None:
         source_limit, target_limit = min(source_limit, max_positions), min(target_limit, max_positions)
-
-    def check(sources: list, targets: list) -> None:
-        for side, sentences in (("source", sources), ("target", targets)):
-            if any(s is None for s in sentences):
-                raise DataError(f"a {side} sentence is missing (null) in a row of the data.")
+    kept_at_end = tokenizer.num_special_tokens_to_add()  # the eos a sentence ends with, which truncation keeps
 
     def tokenize(batch: dict) -> dict:
         sources, targets = sentence_pairs(batch, source_lang, target_lang)
-        check(sources, targets)
+        for side, sentences in (("source", sources), ("target", targets)):
+            if any(s is None for s in sentences):
+                raise DataError(f"a {side} sentence is missing (null) in a row of the data.")
         return tokenizer(sources, text_target=targets)
 
-    def tokenize_whole_split(batch: dict) -> dict:
-        # as run_translation.py tokenises: each side cut to its limit by the tokenizer, which keeps the eos
-        sources, targets = sentence_pairs(batch, source_lang, target_lang)
-        check(sources, targets)
-        encoded = tokenizer(sources, truncation=True, max_length=source_limit)
-        encoded["labels"] = tokenizer(text_target=targets, truncation=True, max_length=target_limit)["input_ids"]
-        encoded[REFERENCE_COLUMN] = targets
-        return encoded
+    def cut(ids: list[int], limit: int) -> list[int]:
+        return ids if len(ids) <= limit else ids[: limit - kept_at_end] + ids[len(ids) - kept_at_end :]
+
+    def cut_to_the_limits(batch: dict) -> dict:
+        return {
+            "input_ids": [cut(ids, source_limit) for ids in batch["input_ids"]],
+            "attention_mask": [mask[:source_limit] for mask in batch["attention_mask"]],
+            "labels": [cut(ids, target_limit) for ids in batch["labels"]],
+        }
 
     def short_enough(batch: dict) -> list[bool]:
         return [
@@ -542,6 +537,39 @@ def tokenize_splits(
         tokenized_fingerprint, kept_fingerprint = tokenization_fingerprints(
             dataset, tokenizer_hash, source_lang, target_lang, max_source_length, max_target_length
         )
+        if split != "train":
+            encoded = dataset.map(
+                tokenize,
+                batched=True,
+                num_proc=num_proc,
+                load_from_cache_file=load_from_cache_file,
+                new_fingerprint=Hasher.hash(["with its sentences", tokenized_fingerprint]),
+                desc=f"Tokenizing {split}",
+            )
+            longer_sources = _count_longer(encoded, "input_ids", source_limit)
+            longer_labels = _count_longer(encoded, "labels", target_limit)
+            if longer_sources or longer_labels:
+                encoded = encoded.map(
+                    cut_to_the_limits,
+                    batched=True,
+                    num_proc=num_proc,
+                    load_from_cache_file=load_from_cache_file,
+                    new_fingerprint=Hasher.hash(["cut", tokenized_fingerprint, source_limit, target_limit]),
+                    desc=f"Cutting {split} to the limits",
+                )
+            if print_fn is not None and (longer_sources or longer_labels):
+                print_fn(
+                    f"{split}: {longer_sources} of {len(encoded)} sources longer than {source_limit} tokens were "
+                    f"truncated to {source_limit}"
+                    + (
+                        f"; {longer_labels} references longer than {target_limit} tokens are truncated for the "
+                        "loss only (BLEU and chrF compare with the whole sentence)"
+                        if longer_labels
+                        else ""
+                    )
+                )
+            tokenized[split] = encoded
+            continue
         encoded = dataset.map(
             tokenize,
             batched=True,
@@ -551,30 +579,6 @@ def tokenize_splits(
             new_fingerprint=tokenized_fingerprint,
             desc=f"Tokenizing {split}",
         )
-        if split != "train":
-            truncated_sources = _count_longer(encoded, "input_ids", source_limit)
-            truncated_labels = _count_longer(encoded, "labels", target_limit)
-            tokenized[split] = dataset.map(
-                tokenize_whole_split,
-                batched=True,
-                num_proc=num_proc,
-                remove_columns=dataset.column_names,
-                load_from_cache_file=load_from_cache_file,
-                new_fingerprint=Hasher.hash(["whole split", tokenized_fingerprint, source_limit, target_limit]),
-                desc=f"Tokenizing {split}",
-            )
-            if print_fn is not None and (truncated_sources or truncated_labels):
-                print_fn(
-                    f"{split}: {truncated_sources} of {len(encoded)} sources longer than {source_limit} tokens were "
-                    f"truncated to {source_limit}"
-                    + (
-                        f"; {truncated_labels} references longer than {target_limit} tokens are truncated for the "
-                        "loss only (BLEU and chrF compare with the whole sentence)"
-                        if truncated_labels
-                        else ""
-                    )
-                )
-            continue
         kept = encoded.filter(
             short_enough,
             batched=True,

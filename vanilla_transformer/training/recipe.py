@@ -38,7 +38,7 @@ from .presets import (
 from .sharding import describe_parallelism
 from .time_budget import UNLIMITED_STEPS, find_time_budget, format_duration
 from .tokenizer import check_tokenizer_matches_config, iterate_texts, train_tokenizer
-from .trainer import build_trainer, make_compute_metrics
+from .trainer import build_trainer
 from .workarounds import (
     accelerate_launch_without_gpus,
     torch_cpu_bf16_flash_attention,
@@ -381,8 +381,8 @@ def main(argv: list[str] | None = None, callbacks=None) -> dict:
             tokenizer,
             train_dataset=tokenized.get("train") if training_args.do_train else None,
             eval_dataset=tokenized.get("validation"),
-            compute_metrics=make_compute_metrics(tokenizer),
             callbacks=callbacks,
+            languages=(source_lang, target_lang),
         )
     except ValueError as error:  # e.g. a parallelism the launch asked for that cannot run here
         raise SystemExit(f"train.py: error: {' '.join(str(error).split())}") from None
@@ -444,10 +444,8 @@ def main(argv: list[str] | None = None, callbacks=None) -> dict:
         trainer.save_metrics("predict", metrics)
         all_metrics.update(metrics)
         if trainer.is_world_process_zero():
-            ids = prediction.predictions
-            ids = ids.clip(min=0)  # -100 pads between batches
             # one line per test pair, in the file's order (a generated line break would split a line)
-            lines = [" ".join(s.split()) for s in tokenizer.batch_decode(ids, skip_special_tokens=True)]
+            lines = [" ".join(translation.split()) for translation in prediction.predictions]
             with open(os.path.join(training_args.output_dir, "generated_predictions.txt"), "w") as f:
                 f.write("\n".join(lines) + "\n")
 
