@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 import datasets
 import pyarrow.compute
 from datasets import Dataset, DatasetDict
+from datasets.exceptions import DatasetGenerationError
 from datasets.fingerprint import Hasher
 
 from .workarounds import datasets_single_process_map
@@ -182,11 +183,15 @@ def _json_records(flag: str, path: str) -> Iterator[tuple[str, object]]:
 
 
 def _tsv_records(flag: str, path: str) -> Iterator[tuple[str, object]]:
-    """(where, {language: sentence}) for each line of a TSV file after its header."""
-    header = _tsv_header(flag, path)
+    """(where, {language: sentence}) for each line of a TSV file after its header (which names the languages)."""
     with open(path, encoding="utf-8") as f:
         lines = ((number, line.rstrip("\r\n")) for number, line in enumerate(f, 1) if line.strip())
-        next(lines)  # the header
+        header = next(lines)[1].split("\t")
+        if len(header) < 2 or len(set(header)) != len(header) or not all(header):
+            raise DataError(
+                f"{flag} {path!r}: the first line must name the language of each tab-separated column (e.g. "
+                f"'de<TAB>en'), got {header!r}."
+            )
         for number, line in lines:
             fields = line.split("\t")
             if len(fields) != len(header):
@@ -197,11 +202,15 @@ def _tsv_records(flag: str, path: str) -> Iterator[tuple[str, object]]:
             yield f"line {number}", dict(zip(header, fields))
 
 
-def check_rows(flag: str, path: str, source_lang: str, target_lang: str, empty_source: bool = False) -> None:
-    """Raise a `DataError` naming the file and the line of the first malformed row: not JSON, not an object, a
-    missing column, an extra TSV field, or a side of the pair that is empty or not a string (`empty_source`: an empty
-    source sentence is allowed, as in a test file, where it still gets its line of output). A file whose first row
-    lacks a language altogether is left to `check_language_pair`, which lists the languages the file offers."""
+def checked_pairs(
+    flag: str, path: str, source_lang: str, target_lang: str, empty_source: bool = False, stamp: object = None
+) -> Iterator[dict]:
+    """The sentence pairs of a JSON-lines (or JSON list) or TSV file, ``{"translation": {source_lang: ...,
+    target_lang: ...}}`` one per row, checked as they are read: a `DataError` names the file and the line of the
+    first malformed row (not JSON, not an object, a missing language, an extra TSV field, a side that is empty or not
+    text; `empty_source`: an empty source is allowed, as in a test file, where it still gets its line of output), or
+    the languages the file offers when its first row lacks one. `stamp` (the file's size and modification time) only
+    tells `datasets`' cache that the file changed."""
     records = _tsv_records(flag, path) if path.endswith(TSV_EXTENSIONS) else _json_records(flag, path)
     for index, (where, record) in enumerate(records):
         if not isinstance(record, dict):
@@ -209,52 +218,39 @@ def check_rows(flag: str, path: str, source_lang: str, target_lang: str, empty_s
         pair = record.get("translation", record)
         if not isinstance(pair, dict):
             raise DataError(f"{flag} {path!r} {where}: `translation` must map languages to sentences.")
-        if index == 0 and not {source_lang, target_lang} <= set(pair):
-            return
-        for lang in (source_lang, target_lang):
+        for option, lang in (("--source_lang", source_lang), ("--target_lang", target_lang)):
+            if index == 0 and lang not in pair:
+                offered = sorted(pair)
+                raise DataError(f"{flag} {path!r} has no {lang!r} sentences ({option} {lang}); it offers {offered}.")
             if lang not in pair:
                 raise DataError(f"{flag} {path!r} {where} has no {lang!r} sentence.")
             empty_allowed = empty_source and lang == source_lang
             if not isinstance(pair[lang], str) or not (pair[lang].strip() or empty_allowed):
                 raise DataError(f"{flag} {path!r} {where} has an empty or non-text {lang!r} side: {pair[lang]!r}.")
+        yield {"translation": {source_lang: pair[source_lang], target_lang: pair[target_lang]}}
 
 
-def _load_json(flag: str, path: str, cache_dir: str | None) -> Dataset:
+def load_data_file(
+    flag: str, path: str, source_lang: str, target_lang: str, empty_source: bool = False, cache_dir: str | None = None
+) -> Dataset:
+    """One split from a file, read once: `checked_pairs` parses and checks it while `datasets` writes the pairs to
+    its cache (a later run with the same, unchanged file loads them from there, and the split's fingerprint stays the
+    same, so that its tokenisation is cached too)."""
+    info = os.stat(path)
+    features = datasets.Features(
+        {"translation": {source_lang: datasets.Value("string"), target_lang: datasets.Value("string")}}
+    )
+    arguments = dict(flag=flag, path=os.path.abspath(path), source_lang=source_lang, target_lang=target_lang)
+    arguments.update(empty_source=empty_source, stamp=(info.st_size, info.st_mtime_ns))
     try:
-        return datasets.load_dataset("json", data_files=path, split="train", cache_dir=cache_dir)
-    except Exception as error:  # pyarrow/json errors come in many types; the user needs the file and the reason
-        reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-        raise DataError(f"{flag} {path!r} could not be read as JSON lines: {reason}") from error
-
-
-def _tsv_header(flag: str, path: str) -> list[str]:
-    with open(path, encoding="utf-8") as f:
-        header = next(line for line in f if line.strip()).rstrip("\r\n").split("\t")
-    if len(header) < 2 or len(set(header)) != len(header) or not all(header):
-        raise DataError(
-            f"{flag} {path!r}: the first line must name the language of each tab-separated column (e.g. 'de<TAB>en'),"
-            f" got {header!r}."
-        )
-    return header
-
-
-def _load_tsv(flag: str, path: str, cache_dir: str | None) -> Dataset:
-    header = _tsv_header(flag, path)
-    try:
-        return datasets.load_dataset(
-            "csv",
-            data_files=path,
-            split="train",
-            cache_dir=cache_dir,
-            delimiter="\t",
-            quoting=3,  # csv.QUOTE_NONE: quotes are part of the sentences
-            keep_default_na=False,
-            na_filter=False,
-            features=datasets.Features({name: datasets.Value("string") for name in header}),
-        )
-    except Exception as error:
-        reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-        raise DataError(f"{flag} {path!r} could not be read as tab-separated values: {reason}") from error
+        return Dataset.from_generator(checked_pairs, features=features, cache_dir=cache_dir, gen_kwargs=arguments)
+    except DatasetGenerationError as error:  # raised around the generator's own error
+        cause = error.__cause__
+        while cause is not None and not isinstance(cause, DataError):
+            cause = cause.__cause__
+        if cause is None:
+            raise
+        raise cause from None
 
 
 def languages_of(dataset: Dataset) -> list[str]:
@@ -328,9 +324,9 @@ def load_raw_datasets(
 
     for split, path in given_files.items():
         flag = f"--{split}_file"
-        loader = _load_json if path.endswith(JSON_EXTENSIONS) else _load_tsv
-        check_rows(flag, path, source_lang, target_lang, empty_source=split != "train")
-        raw[split] = loader(flag, path, cache_dir)
+        raw[split] = load_data_file(
+            flag, path, source_lang, target_lang, empty_source=split != "train", cache_dir=cache_dir
+        )
         check_language_pair(raw[split], f"{flag} {path!r}", source_lang, target_lang)
     return raw, source_lang, target_lang
 
