@@ -8,12 +8,12 @@ from dataclasses import dataclass, field
 from transformers import Seq2SeqTrainingArguments
 from transformers.trainer_utils import SchedulerType
 
-from .time_budget import check_minutes, check_scheduler
+from .time_budget import TimeBudgetArguments
 from .workarounds.overrides import TrainingArgumentsOverrides
 
 
 @dataclass
-class TranslationTrainingArguments(TrainingArgumentsOverrides, Seq2SeqTrainingArguments):
+class TranslationTrainingArguments(TrainingArgumentsOverrides, TimeBudgetArguments, Seq2SeqTrainingArguments):
     """`Seq2SeqTrainingArguments` (every flag) with the paper's recipe (§5.3, §5.4, §6.1) as defaults: Adam with
     β1 = 0.9, β2 = 0.98, ε = 1e-9 (AdamW with weight decay 0 is Adam), linear warmup then inverse square root decay,
     label smoothing 0.1, evaluation by beam search with beam 4. (Dropout 0.1 is a model setting: see --preset.)"""
@@ -75,23 +75,6 @@ class TranslationTrainingArguments(TrainingArgumentsOverrides, Seq2SeqTrainingAr
             "respected too."
         },
     )
-    max_train_minutes: float | None = field(
-        default=None,
-        metadata={
-            "help": "Stop training after this many minutes of training time (fairseq's --stop-time-hours), counting "
-            "the training steps and their data loading but not evaluation or checkpoint saving during training; "
-            "the time spent is saved with each checkpoint, so a resumed run trains only for the rest. With neither "
-            "--max_steps nor --num_train_epochs given, the budget alone ends training; otherwise whichever limit "
-            "comes first. linear and cosine schedules decay over the budget; inverse_sqrt, constant and "
-            "constant_with_warmup are unchanged; other schedules are refused."
-        },
-    )
-
-    def __post_init__(self):
-        super().__post_init__()
-        check_minutes(self.max_train_minutes)
-        if self.max_train_minutes is not None:
-            check_scheduler(self.lr_scheduler_type, self.lr_scheduler_kwargs)
 
 
 def implied_defaults(given: set[str], values: dict, accelerator_available: bool = True) -> dict:

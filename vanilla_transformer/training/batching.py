@@ -36,7 +36,6 @@ from torch.utils.data import DataLoader, Sampler
 from transformers import Seq2SeqTrainer
 from transformers.trainer_utils import has_length, seed_worker
 
-from .time_budget import find_time_budget
 from .workarounds import accelerate_batch_sampler_shard
 
 
@@ -396,16 +395,6 @@ class TokenBatchingSeq2SeqTrainer(Seq2SeqTrainer):
             half = self.args.bf16 or self.args.fp16
             length_chunks = self.args.device.type == "cpu" and not grouped and not half
         self.length_chunks = bool(length_chunks)
-
-    def create_scheduler(self, num_training_steps: int, optimizer: torch.optim.Optimizer | None = None):
-        """Trainer's schedule, unless a TimeBudgetCallback (train.py's --max_train_minutes) makes one that decays
-        over the time budget (linear, cosine)."""
-        budget = find_time_budget(self.callback_handler.callbacks)
-        if self.lr_scheduler is None and budget is not None:
-            scheduler = budget.make_scheduler(optimizer or self.optimizer, self.args, num_training_steps)
-            if scheduler is not None:
-                self.lr_scheduler, self._created_lr_scheduler = scheduler, True
-        return super().create_scheduler(num_training_steps, optimizer)
 
     def training_step(self, model, inputs, num_items_in_batch=None) -> torch.Tensor:
         chunks = [inputs]

@@ -36,7 +36,7 @@ from .presets import (
     training_defaults,
 )
 from .sharding import describe_parallelism
-from .time_budget import UNLIMITED_STEPS, find_time_budget, format_duration
+from .time_budget import cap_steps, describe_budget, describe_stop, steps_trained
 from .tokenizer import check_tokenizer_matches_config, iterate_texts, train_tokenizer
 from .trainer import build_trainer
 from .workarounds import (
@@ -182,17 +182,7 @@ def parse_arguments(
         parser.set_defaults(**defaults)
         model_args, data_args, training_args = parser.parse_args_into_dataclasses(argv)
     model_args.preset = preset
-    if training_args.max_train_minutes is not None and not {"max_steps", "num_train_epochs"} & given:
-        # the budget alone ends training: the data repeats for as many epochs as fit (the preset's epochs do not stop
-        # it), so fractions of the total number of steps mean nothing
-        for name in ("warmup_steps", "logging_steps", "eval_steps", "save_steps"):
-            value = getattr(training_args, name)
-            if value is not None and 0 < value < 1:
-                raise ValueError(
-                    f"--{name} {value:g} is a fraction of the training steps, unknown with --max_train_minutes alone; "
-                    "give it in steps, or also give --max_steps or --num_train_epochs."
-                )
-        training_args.max_steps = UNLIMITED_STEPS
+    cap_steps(training_args, given)  # the time budget alone ends training: its step cap
     data_args.max_source_length = data_args.max_source_length or PRESETS[preset]["max_length"]
     data_args.max_target_length = data_args.max_target_length or PRESETS[preset]["max_length"]
     return model_args, data_args, training_args, auto_do
@@ -406,23 +396,14 @@ def main(argv: list[str] | None = None, callbacks=None) -> dict:
             + "; "
             f"parallelism: {describe_parallelism(trainer.accelerator)}"
         )
-        if training_args.do_train and training_args.max_train_minutes is not None:
-            alone = training_args.max_steps == UNLIMITED_STEPS
-            print(
-                f"time budget: training stops after {training_args.max_train_minutes:g} min of training "
-                "(evaluation and checkpoint saving not counted)"
-                + ("; epochs repeat until then" if alone else ", or at the step or epoch limit if that comes first")
-            )
+        if describe_budget(training_args):
+            print(describe_budget(training_args))
 
     all_metrics: dict = {}
     if training_args.do_train:
         result = trainer.train(resume_from_checkpoint=checkpoint)
-        budget = find_time_budget(trainer.callback_handler.callbacks)
-        if is_main and budget is not None and budget.stopped_at_step is not None:
-            print(
-                f"train.py: stopped after {format_duration(budget.elapsed_seconds)} of training "
-                f"(--max_train_minutes {budget.minutes:g}) at step {budget.stopped_at_step}"
-            )
+        if is_main and describe_stop(trainer):
+            print(f"train.py: {describe_stop(trainer)}")
         trainer.save_model()  # model, tokenizer and generation_config.json
         metrics = dict(result.metrics, train_samples=len(tokenized["train"]))
         trainer.log_metrics("train", metrics)
@@ -454,13 +435,10 @@ def main(argv: list[str] | None = None, callbacks=None) -> dict:
     elif trainer.is_world_process_zero():
         from ..hub.model_card import write_model_card
 
-        recipe = training_args
-        if training_args.max_steps == UNLIMITED_STEPS:  # the budget's step cap: the card reports the steps trained
-            recipe = dict(training_args.to_dict(), max_steps=trainer.state.global_step)
         write_model_card(
             training_args.output_dir,
             metrics=all_metrics,
-            training_args=recipe,
+            training_args=steps_trained(training_args, trainer.state.global_step),
             dataset_name=data_args.dataset_name
             or data_args.train_file
             or ("the built-in German->English number-words demo corpus" if not data_args.has_own_data() else None),

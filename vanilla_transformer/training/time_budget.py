@@ -1,4 +1,7 @@
-"""A budget of training time: train.py's ``--max_train_minutes``, fairseq's ``--stop-time-hours``.
+"""A budget of training time: train.py's ``--max_train_minutes``, fairseq's ``--stop-time-hours``. Everything of it
+is here: its argument (``TimeBudgetArguments``), the clock that stops training (``TimeBudgetCallback``), the schedule
+that decays over it (``budget_lr_lambda``, installed by ``BudgetSchedule``), the step cap when it alone ends training
+(``cap_steps``), and what the run says of it (``BudgetProgressCallback``, ``describe_budget``, ``describe_stop``).
 
 ``TimeBudgetCallback`` stops training once the run has trained for the budget. Training time is the wall-clock time
 of the training loop, data loading included, *without* the evaluations and checkpoint saves made during training:
@@ -25,6 +28,7 @@ import logging
 import math
 import time
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
 
 import torch
 from tqdm.auto import tqdm
@@ -236,15 +240,120 @@ def find_time_budget(callbacks: Iterable) -> TimeBudgetCallback | None:
     return next((callback for callback in callbacks if isinstance(callback, TimeBudgetCallback)), None)
 
 
+@dataclass
+class TimeBudgetArguments:
+    """The budget's training argument, for a `TrainingArguments` subclass (list it before the transformers class)."""
+
+    max_train_minutes: float | None = field(
+        default=None,
+        metadata={
+            "help": "Stop training after this many minutes of training time (fairseq's --stop-time-hours), counting "
+            "the training steps and their data loading but not evaluation or checkpoint saving during training; "
+            "the time spent is saved with each checkpoint, so a resumed run trains only for the rest. With neither "
+            "--max_steps nor --num_train_epochs given, the budget alone ends training; otherwise whichever limit "
+            "comes first. linear and cosine schedules decay over the budget; inverse_sqrt, constant and "
+            "constant_with_warmup are unchanged; other schedules are refused."
+        },
+    )
+
+    def __post_init__(self):
+        super().__post_init__()
+        check_minutes(self.max_train_minutes)
+        if self.max_train_minutes is not None:
+            check_scheduler(self.lr_scheduler_type, self.lr_scheduler_kwargs)
+
+
+def cap_steps(training_args, given: set[str]) -> None:
+    """With a budget and neither --max_steps nor --num_train_epochs among the `given` flags, the budget alone ends
+    training: the data repeats for as many epochs as fit (the preset's epochs do not stop it) under a step cap no run
+    reaches (`UNLIMITED_STEPS`). Fractions of the total number of steps then mean nothing: refused, in one line."""
+    if training_args.max_train_minutes is None or {"max_steps", "num_train_epochs"} & given:
+        return
+    for name in ("warmup_steps", "logging_steps", "eval_steps", "save_steps"):
+        value = getattr(training_args, name)
+        if value is not None and 0 < value < 1:
+            raise ValueError(
+                f"--{name} {value:g} is a fraction of the training steps, unknown with --max_train_minutes alone; "
+                "give it in steps, or also give --max_steps or --num_train_epochs."
+            )
+    training_args.max_steps = UNLIMITED_STEPS
+
+
+def add_time_budget(trainer) -> TimeBudgetCallback | None:
+    """Give a trainer whose arguments set ``max_train_minutes`` its `TimeBudgetCallback`, and a progress bar that
+    counts minutes of the budget rather than steps; returns the callback (None without a budget)."""
+    minutes = getattr(trainer.args, "max_train_minutes", None)
+    if minutes is None:
+        return None
+    budget = TimeBudgetCallback(minutes)
+    trainer.add_callback(budget)
+    if trainer.pop_callback(ProgressCallback) is not None:
+        trainer.add_callback(BudgetProgressCallback(budget))
+    return budget
+
+
+class BudgetSchedule:
+    """Mixin for a Trainer subclass (listed before it): with a `TimeBudgetCallback` among the callbacks, linear and
+    cosine schedules decay over the budget (`TimeBudgetCallback.make_scheduler`); other schedules, a scheduler given
+    to the Trainer, or no budget leave the Trainer's own."""
+
+    def create_scheduler(self, num_training_steps: int, optimizer: torch.optim.Optimizer | None = None):
+        given = self.lr_scheduler is not None
+        scheduler = super().create_scheduler(num_training_steps, optimizer)
+        budget = find_time_budget(self.callback_handler.callbacks)
+        if not given and budget is not None:
+            # the budget's LambdaLR starts from the learning rates the Trainer's left as initial ones
+            made = budget.make_scheduler(optimizer or self.optimizer, self.args, num_training_steps)
+            self.lr_scheduler = made or scheduler
+        return self.lr_scheduler
+
+
+def describe_budget(training_args) -> str | None:
+    """The start-up line about the budget of a run that trains with one; None otherwise."""
+    if not training_args.do_train or training_args.max_train_minutes is None:
+        return None
+    alone = training_args.max_steps == UNLIMITED_STEPS
+    return (
+        f"time budget: training stops after {training_args.max_train_minutes:g} min of training "
+        "(evaluation and checkpoint saving not counted)"
+        + ("; epochs repeat until then" if alone else ", or at the step or epoch limit if that comes first")
+    )
+
+
+def describe_stop(trainer) -> str | None:
+    """The line saying that the budget stopped training, and when; None when it did not."""
+    budget = find_time_budget(trainer.callback_handler.callbacks)
+    if budget is None or budget.stopped_at_step is None:
+        return None
+    return (
+        f"stopped after {format_duration(budget.elapsed_seconds)} of training "
+        f"(--max_train_minutes {budget.minutes:g}) at step {budget.stopped_at_step}"
+    )
+
+
+def steps_trained(training_args, global_step: int):
+    """The training arguments to report (the model card's): under the budget's step cap, the steps trained."""
+    if training_args.max_steps != UNLIMITED_STEPS:
+        return training_args
+    return dict(training_args.to_dict(), max_steps=global_step)
+
+
 __all__ = [
     "BUDGET_DECAYS",
     "BudgetProgressCallback",
+    "BudgetSchedule",
     "SCHEDULES_WITHOUT_TOTAL",
     "UNLIMITED_STEPS",
+    "TimeBudgetArguments",
     "TimeBudgetCallback",
+    "add_time_budget",
     "budget_lr_lambda",
+    "cap_steps",
     "check_minutes",
     "check_scheduler",
+    "describe_budget",
+    "describe_stop",
     "find_time_budget",
     "format_duration",
+    "steps_trained",
 ]

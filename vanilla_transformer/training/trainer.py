@@ -17,7 +17,6 @@ from transformers import (
     Seq2SeqTrainingArguments,
     TrainerCallback,
 )
-from transformers.trainer_callback import ProgressCallback
 from transformers.trainer_utils import EvalLoopOutput, PredictionOutput
 
 from ..inference.score import score
@@ -26,7 +25,7 @@ from .batching import TokenBatchingSeq2SeqTrainer
 from .cpu import CpuThreadsCallback
 from .data import sentence_pairs
 from .sharding import ParallelismReportCallback, check_parallelism_can_run
-from .time_budget import BudgetProgressCallback, TimeBudgetCallback, find_time_budget
+from .time_budget import BudgetSchedule, add_time_budget
 from .workarounds import accelerate_fsdp_on_cpu, torch_gloo_group_teardown
 from .workarounds.overrides import TrainerOverrides
 
@@ -43,7 +42,7 @@ class TranslationCollator(DataCollatorForSeq2Seq):
         return super().__call__(features, return_tensors)
 
 
-class TranslationTrainer(TrainerOverrides, TokenBatchingSeq2SeqTrainer):
+class TranslationTrainer(TrainerOverrides, BudgetSchedule, TokenBatchingSeq2SeqTrainer):
     """The trainer train.py uses: token batching (TokenBatchingSeq2SeqTrainer), FSDP on CPU processes when the
     launch asked for it (`workarounds.accelerate_fsdp_on_cpu`: Accelerate alone would train them with plain data
     parallelism), and label smoothing computed by the model. The private methods it overrides each call a workaround
@@ -193,7 +192,6 @@ def build_trainer(
         label_pad_token_id=-100,  # padded label positions are left out of the loss
         pad_to_multiple_of=8 if args.fp16 or args.bf16 else None,
     )
-    minutes = getattr(args, "max_train_minutes", None)
     trainer = TranslationTrainer(
         model=model,
         args=args,
@@ -202,12 +200,9 @@ def build_trainer(
         eval_dataset=eval_dataset,
         processing_class=tokenizer,
         compute_metrics=compute_metrics if args.predict_with_generate else None,
-        callbacks=[ParallelismReportCallback(), CpuThreadsCallback(), *(callbacks or [])]
-        + ([TimeBudgetCallback(minutes)] if minutes is not None else []),
+        callbacks=[ParallelismReportCallback(), CpuThreadsCallback(), *(callbacks or [])],
         max_tokens_per_batch=getattr(args, "max_tokens_per_batch", None),
         languages=languages,
     )
-    budget = find_time_budget(trainer.callback_handler.callbacks)
-    if budget is not None and trainer.pop_callback(ProgressCallback) is not None:
-        trainer.add_callback(BudgetProgressCallback(budget))  # minutes of the budget rather than steps
+    add_time_budget(trainer)  # --max_train_minutes: its clock, and a progress bar in minutes
     return trainer
