@@ -16,12 +16,7 @@ from dataclasses import dataclass, field
 
 from transformers import AutoTokenizer, HfArgumentParser
 
-from vanilla_transformer.training.batching import (
-    TokenBatchSampler,
-    padding_efficiency,
-    sentence_batches,
-    sequence_lengths,
-)
+from vanilla_transformer.training.batching import compare_batchings, sequence_lengths
 from vanilla_transformer.training.data import DataArguments, DataError, select_samples, tokenize_splits
 from vanilla_transformer.training.tokenizer import iterate_texts, train_tokenizer
 
@@ -42,36 +37,15 @@ class PaddingArguments:
     )
     split: str = field(default="train", metadata={"help": "Which split to measure."})
     tokenizer_name: str | None = field(
-        default=None,
-        metadata={"help": "A saved tokenizer (e.g. a train.py output folder); default: train BPE on the split."},
+        default=None, metadata={"help": "A saved tokenizer (default: BPE trained here)."}
     )
     vocab_size: int = field(default=400, metadata={"help": "Vocabulary of the BPE trained here (small preset: 400)."})
-    max_source_length: int = field(
-        default=64, metadata={"help": "As in train.py: longer training pairs are dropped, other splits truncated."}
-    )
-    max_target_length: int = field(
-        default=64, metadata={"help": "As in train.py: longer training pairs are dropped, other splits truncated."}
-    )
+    max_source_length: int = field(default=64, metadata={"help": "As in train.py: longer training pairs dropped."})
+    max_target_length: int = field(default=64, metadata={"help": "As in train.py: longer training pairs dropped."})
     pad_to_multiple_of: int | None = field(
         default=None, metadata={"help": "Round every padded length up to a multiple of this (train.py: 8 with fp16)."}
     )
     seed: int = field(default=42, metadata={"help": "Seed of the sentence order and of the tie-breaking."})
-
-
-def measure(batches: list[list[int]], source: list[int], target: list[int], multiple: int | None) -> dict:
-    def padded_length(length: int) -> int:
-        return -(-length // multiple) * multiple if multiple else length
-
-    padded = sum(
-        len(batch) * (padded_length(max(source[i] for i in batch)) + padded_length(max(target[i] for i in batch)))
-        for batch in batches
-    )
-    return {
-        "batches": len(batches),
-        "pairs": len(source) / len(batches),
-        "padded": padded / len(batches),
-        **padding_efficiency(batches, source, target, pad_to_multiple_of=multiple),
-    }
 
 
 def main(argv: list[str] | None = None) -> list[dict]:
@@ -87,32 +61,21 @@ def main(argv: list[str] | None = None) -> list[dict]:
             raise DataError(f"--split {args.split!r} is not in the data, which has {list(raw)}.")
         raw = select_samples(raw, data_args.max_samples())
         raw = {args.split: raw[args.split]}
-        if args.tokenizer_name:
-            tokenizer = AutoTokenizer.from_pretrained(args.tokenizer_name)
-        else:
-            tokenizer = train_tokenizer(
-                iterate_texts(raw[args.split], source_lang, target_lang), vocab_size=args.vocab_size
-            )
+        texts = iterate_texts(raw[args.split], source_lang, target_lang)
+        tokenizer = (
+            AutoTokenizer.from_pretrained(args.tokenizer_name)
+            if args.tokenizer_name
+            else train_tokenizer(texts, vocab_size=args.vocab_size)
+        )
         tokenized = tokenize_splits(
             raw, tokenizer, source_lang, target_lang, args.max_source_length, args.max_target_length, print_fn=None
         )[args.split]
+        source, target = sequence_lengths(tokenized)
+        rows = compare_batchings(
+            source, target, args.batch_size, args.max_tokens_per_batch, args.seed, args.pad_to_multiple_of
+        )
     except (DataError, ValueError, OSError) as error:
         parser.error(str(error).strip().splitlines()[0])
-
-    source, target = sequence_lengths(tokenized)
-    multiple = args.pad_to_multiple_of
-    rows = []
-    for size in args.batch_size:
-        batches = sentence_batches(len(source), size, seed=args.seed)
-        rows.append({"batching": f"sentences, batch_size={size}", **measure(batches, source, target, multiple)})
-    for budget in args.max_tokens_per_batch:
-        try:
-            sampler = TokenBatchSampler(source, target, budget, seed=args.seed, pad_to_multiple_of=multiple)
-        except ValueError as error:
-            parser.error(str(error))
-        rows.append(
-            {"batching": f"tokens, max_tokens_per_batch={budget}", **measure(sampler.batches, source, target, multiple)}
-        )
 
     print(
         f"{args.split} split: {len(source)} pairs, {sum(source)} source + {sum(target)} target tokens "

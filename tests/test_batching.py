@@ -11,7 +11,6 @@ import random
 import subprocess
 import sys
 import warnings
-from dataclasses import dataclass, field
 
 import pytest
 import torch
@@ -21,6 +20,7 @@ from hypothesis import strategies as st
 from transformers import DataCollatorForSeq2Seq, Seq2SeqTrainingArguments
 
 from vanilla_transformer import VanillaTransformerForConditionalGeneration
+from vanilla_transformer.training.arguments import TranslationTrainingArguments
 from vanilla_transformer.training.batching import (
     TokenBatchingSeq2SeqTrainer,
     TokenBatchSampler,
@@ -31,6 +31,7 @@ from vanilla_transformer.training.batching import (
     sequence_lengths,
     split_padded_batch,
 )
+from vanilla_transformer.training.trainer import build_trainer
 
 WORDS = [f"w{i}" for i in range(24)]
 
@@ -260,24 +261,20 @@ def test_trainer_trains_on_token_batches_with_gradient_accumulation(tmp_path, on
     assert len(plain.get_train_dataloader()) == -(-len(pairs) // 4)
 
 
-@dataclass
-class ArgumentsWithTokenBudget(Seq2SeqTrainingArguments):
-    max_tokens_per_batch: int | None = field(default=None, metadata={"help": "padded tokens per batch and side"})
-
-
-def test_the_budget_can_come_from_the_training_arguments(tmp_path):
+def test_the_budget_reaches_the_sampler_by_one_route(tmp_path):
+    """The trainer's keyword alone decides the token budget: build_trainer passes the arguments'
+    --max_tokens_per_batch to it, and the training arguments are not read a second time."""
     tokenizer = word_tokenizer(WORDS)
     pairs = tokenized_pairs(tokenizer, 30)
-    args = ArgumentsWithTokenBudget(output_dir=str(tmp_path), use_cpu=True, report_to=[], max_tokens_per_batch=32)
-    trainer = TokenBatchingSeq2SeqTrainer(
-        model=model_for(tokenizer), args=args, train_dataset=pairs, data_collator=recording_collator(tokenizer)
-    )
+    args = TranslationTrainingArguments(output_dir=str(tmp_path), use_cpu=True, report_to=[], max_tokens_per_batch=32)
+    trainer = build_trainer(model_for(tokenizer), args, tokenizer, train_dataset=pairs)
     assert trainer.max_tokens_per_batch == 32
     loader = trainer.get_train_dataloader()
     assert isinstance(loader.batch_sampler, TokenBatchSampler) and loader.batch_sampler.max_tokens == 32
-    args.max_tokens_per_batch = 0
+    plain = TokenBatchingSeq2SeqTrainer(model=model_for(tokenizer), args=args, train_dataset=pairs)
+    assert plain.max_tokens_per_batch is None  # without the keyword: sentence batches
     with pytest.raises(ValueError, match="max_tokens_per_batch=0 is invalid"):
-        TokenBatchingSeq2SeqTrainer(model=model_for(tokenizer), args=args, train_dataset=pairs)
+        TokenBatchingSeq2SeqTrainer(model=model_for(tokenizer), args=args, train_dataset=pairs, max_tokens_per_batch=0)
 
 
 def test_token_batching_pads_less_than_sentence_batching_on_the_demo_corpus():
@@ -482,15 +479,13 @@ def test_automatic_length_chunks_leave_batches_of_similar_length_whole(tmp_path,
 def test_length_chunks_can_be_turned_off_and_several_processes_use_the_agreed_count(tmp_path, one_thread):
     """--length_chunks false runs every batch whole; `agree` (several processes: the fewest chunks any of them chose)
     decides how many chunks a batch is cut into, and is asked even for a batch that cannot be split."""
-    from vanilla_transformer.training.arguments import TranslationTrainingArguments
-
     tokenizer = word_tokenizer(WORDS)
     batch, num_items = mixed_length_batch(tokenizer)
     passes = {}
     for flag in (None, "true", "false"):
         values = {} if flag is None else {"length_chunks": flag == "true"}
         args = TranslationTrainingArguments(output_dir=str(tmp_path), use_cpu=True, report_to="none", **values)
-        trainer = TokenBatchingSeq2SeqTrainer(model=model_for(tokenizer), args=args)
+        trainer = build_trainer(model_for(tokenizer), args, tokenizer)  # which passes --length_chunks on
         passes[flag] = forward_passes(trainer, batch, num_items)
     assert passes["true"] == passes[None] > 1 and passes["false"] == 1  # on CPU the default is on
     off = TokenBatchingSeq2SeqTrainer(model=model_for(tokenizer), args=training_args(tmp_path), length_chunks=False)

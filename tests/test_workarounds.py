@@ -95,37 +95,35 @@ def token_batches_on_rank_1_of_2() -> tuple[TokenBatchSampler, DataLoader]:
     return sampler, prepare_data_loader(loader, num_processes=2, process_index=1, put_on_device=False)
 
 
-def test_accelerate_still_shards_a_batch_sampler_again():
-    """accelerate_batch_sampler_shard: `prepare` wraps any batch sampler in a BatchSamplerShard that deals its batches
-    out round-robin (process 1 of 2 keeps every second one), and the wrapper has no set_epoch of its own."""
+def test_accelerate_batch_sampler_shard_still_has_no_set_epoch():
+    """accelerate_batch_sampler_shard: `prepare` wraps a batch sampler in a BatchSamplerShard, which has no set_epoch
+    of its own, so that the epoch the Trainer sets through skip_first_batches on a resume stops there."""
     sampler, prepared = token_batches_on_rank_1_of_2()
-    shard = prepared.batch_sampler
-    assert isinstance(shard, BatchSamplerShard) and shard.batch_sampler is sampler
-    everything = list(sampler)
-    assert len(everything) == 4
-    assert list(prepared) == everything[1::2]
+    assert isinstance(prepared.batch_sampler, BatchSamplerShard) and prepared.batch_sampler.batch_sampler is sampler
     assert not hasattr(BatchSamplerShard, "set_epoch")
 
 
-def test_a_pass_through_batch_sampler_shard_yields_the_samplers_batches():
-    """accelerate_batch_sampler_shard: BatchSamplerShard's `num_processes` and `process_index` are still the fields
-    that decide what it yields (1 and 0 make it a pass-through), and a set_epoch given to it reaches the sampler
-    through skip_first_batches, as the Trainer calls it when it resumes mid-epoch."""
-    assert {"num_processes", "process_index"} <= set(inspect.signature(BatchSamplerShard).parameters)
-    sampler, prepared = token_batches_on_rank_1_of_2()
-    everything = sampler.epoch_order()
-    assert accelerate_batch_sampler_shard.take_over_sharding(prepared, sampler)
-    assert (sampler.num_replicas, sampler.rank) == (2, 1)
+def test_the_trainer_deals_out_token_batches_and_a_resume_sets_their_epoch(tmp_path):
+    """accelerate_batch_sampler_shard.forward_set_epoch, and the rank-aware path of transformers' Trainer it works
+    with (TokenBatchSampler is a BatchRebalanceSampler): the Trainer's DataLoader of process 1 of 2 yields that
+    process's share of the token batches, and the epoch set through skip_first_batches, as the Trainer sets it when it
+    resumes mid-epoch, reaches the sampler."""
+    from transformers.trainer_pt_utils import BatchRebalanceSampler
+
+    assert "isinstance(sampler, BatchRebalanceSampler)" in inspect.getsource(Trainer._get_dataloader)
+    sampler = TokenBatchSampler(LENGTHS, LENGTHS, 16, seed=0, num_replicas=2, rank=1)
+    assert isinstance(sampler, BatchRebalanceSampler)
+    loader = DataLoader(list(range(len(LENGTHS))), batch_sampler=sampler, collate_fn=list)
+    prepared = prepare_data_loader(loader, num_processes=2, process_index=1, put_on_device=False)
+    prepared.batch_sampler.num_processes, prepared.batch_sampler.process_index = 1, 0  # what the Trainer does
+    assert accelerate_batch_sampler_shard.forward_set_epoch(prepared)
     for _ in range(2):  # each pass is the next epoch (DataLoaderShard.set_epoch), with its own order
-        batches = list(prepared)
-        assert batches == sampler.epoch_order()[1::2]
-    assert len(batches) == len(everything) // 2
+        assert list(prepared) == sampler.epoch_order()[1::2]
     skipped = skip_first_batches(prepared, 1)
     skipped.batch_sampler.batch_sampler.set_epoch(7)  # what Trainer._run_epoch calls
     assert sampler.epoch == 7
-    # one process: no wrapper, nothing to take over
-    single = DataLoader(list(range(len(LENGTHS))), batch_sampler=sampler, collate_fn=list)
-    assert not accelerate_batch_sampler_shard.take_over_sharding(single, sampler)
+    # one process: no wrapper, nothing to forward
+    assert not accelerate_batch_sampler_shard.forward_set_epoch(DataLoader([0], batch_sampler=sampler))
 
 
 # --------------------------------------------------------------------------------------------------------------------

@@ -26,15 +26,15 @@ import math
 import random
 import warnings
 from collections.abc import Callable, Iterator, Sequence
-from functools import partial
 
 import datasets
 import pyarrow.compute
 import torch
 from accelerate.utils import DistributedType
-from torch.utils.data import DataLoader, Sampler
+from torch.utils.data import DataLoader
 from transformers import Seq2SeqTrainer
-from transformers.trainer_utils import has_length, seed_worker
+from transformers.trainer_pt_utils import BatchRebalanceSampler
+from transformers.trainer_utils import has_length
 
 from .workarounds import accelerate_batch_sampler_shard
 
@@ -129,8 +129,12 @@ def split_to_multiple(batches: list[list[int]], multiple: int) -> list[list[int]
     return batches
 
 
-class TokenBatchSampler(Sampler[list[int]]):
+class TokenBatchSampler(BatchRebalanceSampler):
     """A batch sampler (``DataLoader(batch_sampler=...)``) of length-grouped batches bounded by padded tokens.
+
+    It shares the batches out among the processes itself, as transformers' ``BatchRebalanceSampler`` does: a
+    subclass of it, so that the Trainer passes it to its DataLoader as a rank-aware batch sampler, which Accelerate
+    must not shard again (``Trainer._get_dataloader``). None of that class's code is used.
 
     Args:
         source_lengths: tokens in each source sentence (``len(input_ids)``).
@@ -231,6 +235,45 @@ def sentence_batches(num_pairs: int, batch_size: int, seed: int = 0) -> list[lis
     generator = torch.Generator().manual_seed(seed)
     order = torch.randperm(num_pairs, generator=generator).tolist()
     return [order[start : start + batch_size] for start in range(0, num_pairs, batch_size)]
+
+
+def _padding_figures(batches: list[list[int]], source: list[int], target: list[int], multiple: int | None) -> dict:
+    def padded_length(length: int) -> int:
+        return -(-length // multiple) * multiple if multiple else length
+
+    padded = sum(
+        len(batch) * (padded_length(max(source[i] for i in batch)) + padded_length(max(target[i] for i in batch)))
+        for batch in batches
+    )
+    return {
+        "batches": len(batches),
+        "pairs": len(source) / len(batches),
+        "padded": padded / len(batches),
+        **padding_efficiency(batches, source, target, pad_to_multiple_of=multiple),
+    }
+
+
+def compare_batchings(
+    source: list[int],
+    target: list[int],
+    batch_sizes: Sequence[int],
+    budgets: Sequence[int],
+    seed: int = 0,
+    pad_to_multiple_of: int | None = None,
+) -> list[dict]:
+    """scripts/padding_efficiency.py's rows: for sentence batches of each of `batch_sizes` and token batches of each
+    of `budgets` (max_tokens_per_batch), the number of batches, pairs and padded tokens per batch, and the padding
+    efficiency of each side (`padding_efficiency`)."""
+    rows = []
+    for size in batch_sizes:
+        batches = sentence_batches(len(source), size, seed=seed)
+        figures = _padding_figures(batches, source, target, pad_to_multiple_of)
+        rows.append({"batching": f"sentences, batch_size={size}", **figures})
+    for budget in budgets:
+        sampler = TokenBatchSampler(source, target, budget, seed=seed, pad_to_multiple_of=pad_to_multiple_of)
+        figures = _padding_figures(sampler.batches, source, target, pad_to_multiple_of)
+        rows.append({"batching": f"tokens, max_tokens_per_batch={budget}", **figures})
+    return rows
 
 
 def sequence_lengths(dataset) -> tuple[list[int], list[int] | None]:
@@ -358,11 +401,10 @@ class TokenBatchingSeq2SeqTrainer(Seq2SeqTrainer):
     """``Seq2SeqTrainer`` whose training batches hold up to ``max_tokens_per_batch`` padded tokens per side.
 
     A drop-in replacement: the same arguments as ``Seq2SeqTrainer`` plus ``max_tokens_per_batch`` (None keeps
-    ``per_device_train_batch_size`` sentence batching). The bound is per process and per micro-batch: with
-    gradient accumulation and several processes, an optimizer step sees up to
+    ``per_device_train_batch_size`` sentence batching) and ``length_chunks``. The bound is per process and per
+    micro-batch: with gradient accumulation and several processes, an optimizer step sees up to
     ``max_tokens_per_batch × gradient_accumulation_steps × processes`` tokens per side. Evaluation keeps sentence
-    batches. ``per_device_train_batch_size`` then only appears in Trainer's log of its plan. When the argument is
-    not given, ``args.max_tokens_per_batch`` is used if the training arguments have such a field.
+    batches. ``per_device_train_batch_size`` then only appears in Trainer's log of its plan.
 
     The loss of an optimizer step is the mean over all its target tokens (Trainer passes ``num_items_in_batch``,
     summed over the micro-batches and processes), so batches of different sizes weigh by their tokens.
@@ -370,23 +412,17 @@ class TokenBatchingSeq2SeqTrainer(Seq2SeqTrainer):
     A training batch whose sentences differ much in length (sentence batches drawn at random) is computed in chunks
     of similar length (``split_padded_batch``), forward and backward each, before the one optimizer step: the same
     batch and, with ``num_items_in_batch``, the same gradient, for fewer padded positions. ``length_chunks``: True or
-    False; None (default: ``args.length_chunks`` where the training arguments have it, else automatic) chunks on CPU
-    only, in float32, where it was measured to pay (docs/training.md), and not batches that are already of similar
-    length (token batches, ``train_sampling_strategy="group_by_length"``). Several processes agree on each batch's
-    number of chunks (the fewest any of them chose), so that they run the same number of passes.
+    False; None (default) chunks on CPU only, in float32, where it was measured to pay (docs/training.md), and not
+    batches that are already of similar length (token batches, ``train_sampling_strategy="group_by_length"``).
+    Several processes agree on each batch's number of chunks (the fewest any of them chose), so that they run the
+    same number of passes.
     """
 
     def __init__(
         self, *args, max_tokens_per_batch: int | None = None, length_chunks: bool | None = None, **kwargs
     ) -> None:
-        _check_max_tokens(max_tokens_per_batch)
+        self.max_tokens_per_batch = _check_max_tokens(max_tokens_per_batch)
         super().__init__(*args, **kwargs)
-        if max_tokens_per_batch is None:
-            # a training-arguments dataclass may carry the flag (train.py's --max_tokens_per_batch)
-            max_tokens_per_batch = _check_max_tokens(getattr(self.args, "max_tokens_per_batch", None))
-        self.max_tokens_per_batch = max_tokens_per_batch
-        if length_chunks is None:
-            length_chunks = getattr(self.args, "length_chunks", None)
         if length_chunks is None:
             # where a second pass costs more than the padding it saves (docs/training.md): token batches and
             # Trainer's length groups are of similar length already, and in half precision a CPU computes a padded
@@ -428,6 +464,8 @@ class TokenBatchingSeq2SeqTrainer(Seq2SeqTrainer):
         )
 
     def get_train_dataloader(self) -> DataLoader:
+        """Trainer's training DataLoader; with ``max_tokens_per_batch``, its batch sampler is a `TokenBatchSampler`,
+        which transformers passes on as a rank-aware batch sampler (each process gets its own share)."""
         if self.max_tokens_per_batch is None:
             return super().get_train_dataloader()
         if self.train_dataset is None:
@@ -443,47 +481,33 @@ class TokenBatchingSeq2SeqTrainer(Seq2SeqTrainer):
                 "max_tokens_per_batch cannot be combined with accelerator_config split_batches=True or "
                 "dispatch_batches=True: each process builds its own token-bounded batches."
             )
+        dataloader = self._get_dataloader(
+            self.train_dataset,
+            description="Training",
+            batch_size=self.args.train_batch_size,  # unused: the batch sampler makes the batches
+            sampler_fn=self.token_batch_sampler,
+            is_training=True,
+        )
+        accelerate_batch_sampler_shard.forward_set_epoch(dataloader)  # resuming mid-epoch with several processes
+        return dataloader
 
-        dataset, collator = self.train_dataset, self.data_collator
-        if isinstance(dataset, datasets.Dataset):
-            dataset = self._remove_unused_columns(dataset, description="training")
-        else:
-            collator = self._get_collator_with_removed_columns(collator, description="training")
-
+    def token_batch_sampler(self, dataset) -> TokenBatchSampler:
+        """The `TokenBatchSampler` of a training dataset (its unused columns already removed), for this process."""
         source_lengths, target_lengths = sequence_lengths(dataset)
-        args = self.args
-        sampler = TokenBatchSampler(
+        return TokenBatchSampler(
             source_lengths,
             target_lengths,
             self.max_tokens_per_batch,
-            seed=args.data_seed if args.data_seed is not None else args.seed,
-            num_replicas=1,  # set below, once accelerate has said which data-parallel rank this process is
-            rank=0,
+            seed=self.args.data_seed if self.args.data_seed is not None else self.args.seed,
+            num_replicas=self.args.world_size,
+            rank=self.args.process_index,
             pad_to_multiple_of=getattr(self.data_collator, "pad_to_multiple_of", None),
         )
-        loader_kwargs = {
-            "num_workers": args.dataloader_num_workers,
-            "pin_memory": args.dataloader_pin_memory,
-            "persistent_workers": args.dataloader_persistent_workers,
-            "prefetch_factor": args.dataloader_prefetch_factor,
-            "multiprocessing_context": args.dataloader_multiprocessing_context,
-            "in_order": args.dataloader_in_order,
-        }
-        dataloader = DataLoader(
-            dataset,
-            batch_sampler=sampler,
-            collate_fn=collator,
-            worker_init_fn=partial(seed_worker, num_workers=args.dataloader_num_workers, rank=args.process_index),
-            **loader_kwargs,
-        )
-        dataloader = self.accelerator.prepare(dataloader)
-        # with several processes, our sampler shares the batches out, not Accelerate's wrapper
-        accelerate_batch_sampler_shard.take_over_sharding(dataloader, sampler)
-        return dataloader
 
 
 __all__ = [
     "TokenBatchSampler",
+    "compare_batchings",
     "TokenBatchingSeq2SeqTrainer",
     "fewest_chunks_of_all_processes",
     "length_chunks",
