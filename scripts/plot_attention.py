@@ -36,15 +36,9 @@ class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescript
 class PlotAttentionArguments:
     model_dir: str = field(metadata={"help": "A trained model folder (from scripts/train.py): weights and tokenizer."})
     text: str = field(metadata={"help": "The source sentence to translate."})
-    layer: int = field(
-        default=-1, metadata={"help": "Decoder layer whose encoder-decoder attention is drawn (-1: last)."}
-    )
-    head: int | None = field(
-        default=None, metadata={"help": "Draw this head in the main picture instead of the mean over heads."}
-    )
-    output_dir: str = field(
-        default="outputs/plots", metadata={"help": "Where to write the PNG files; created if needed."}
-    )
+    layer: int = field(default=-1, metadata={"help": "Decoder layer whose cross-attention is drawn (-1: last)."})
+    head: int | None = field(default=None, metadata={"help": "Draw this head instead of the mean over heads."})
+    output_dir: str = field(default="outputs/plots", metadata={"help": "Where to write the PNG files."})
     num_beams: int = field(default=1, metadata={"help": "1: greedy decoding; more: beam search."})
     max_new_tokens: int | None = field(
         default=None, metadata={"help": "Longest translation in tokens (default: the model's generation config)."}

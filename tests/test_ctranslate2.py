@@ -14,6 +14,7 @@ from transformers import BartConfig
 
 ctranslate2 = pytest.importorskip("ctranslate2", reason="the ctranslate2 extra (part of the test extra)")
 
+from vanilla_transformer.hub.upload import export_for_upload  # noqa: E402
 from vanilla_transformer.inference.ctranslate2 import (  # noqa: E402
     EXPORT_INFO,
     INSTALL_HINT,
@@ -414,7 +415,7 @@ def test_push_to_hub_with_ctranslate2_exports_into_a_subfolder_and_explains_it(t
     model_dir = str(shutil.copytree(trained_model_dir, tmp_path / "model"))
     with pytest.raises(SystemExit, match=r"^push_to_hub.py: error: --with_ctranslate2: quantization='int3' is not"):
         push.main(["--model_dir", model_dir, "--repo_id", "user/toy", "--with_ctranslate2", "int3"])
-    assert push.export_for_upload(model_dir, "int8") is None
+    assert export_for_upload(model_dir, "int8") is None
     exported = os.path.join(model_dir, "ctranslate2")
     assert load_ctranslate2_translator(exported, threads=1).translate(["w1 w2 w3"]) == ["w3 w2 w1"]
     uploaded = {path for path, _ in push.files_to_upload(model_dir, "int8")}

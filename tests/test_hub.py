@@ -385,10 +385,11 @@ def test_loads_and_translates_without_the_package(checkpoint, fresh_python, tmp_
 
 
 def push_to_local_hub(args: list[str], tmp_path: Path, overrides: dict[str, str]) -> subprocess.CompletedProcess:
-    """Run a Python script (`args`: its path and arguments) that pushes to the local Hub named by `overrides`."""
+    """Run a Python script (`args`: its path and arguments) that pushes to the local Hub named by `overrides`, with
+    this checkout's package (not whichever an editable install points at)."""
     return subprocess.run(
         [sys.executable, *args],
-        env=subprocess_env(tmp_path / "push_home", **overrides),
+        env=subprocess_env(tmp_path / "push_home", PYTHONPATH=str(ROOT), **overrides),
         cwd=tmp_path,
         capture_output=True,
         text=True,
