@@ -20,7 +20,6 @@ of train.py's bf16 batch and rate at 6, 24 and 48 minutes, level at 12 (AMD EPYC
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import sys
 from collections.abc import Callable
@@ -30,39 +29,27 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from anchor import marian_config  # noqa: E402
 from transformers import MarianConfig, MarianMTModel  # noqa: E402
 
+from vanilla_transformer.inference.loading import check_tokenizer_matches_config  # noqa: E402
+from vanilla_transformer.training import recipe  # noqa: E402
 from vanilla_transformer.training.data import DataError  # noqa: E402
 from vanilla_transformer.training.presets import PRESETS  # noqa: E402
-
-TRAIN = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "scripts", "train.py")
-
-
-def load_train_script():
-    """scripts/train.py as a module (it is a script, not part of the package)."""
-    spec = importlib.util.spec_from_file_location("vanilla_transformer_train_script", TRAIN)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
 
 
 def train_marian(argv: list[str] | None, config_for: Callable) -> dict:
     """train.py with `MarianMTModel(config_for(model_args, tokenizer))` in place of a fresh model of ours (a
     --model_name_or_path still loads as train.py loads it). The decoder starts from the tokenizer's bos, as train.py
     requires (OPUS-MT starts from pad)."""
-    train = load_train_script()
-    build_ours = train.build_model
 
     def build_marian(model_args, tokenizer, tokenizer_source):
         if model_args.model_name_or_path is not None:
-            return build_ours(model_args, tokenizer, tokenizer_source)
+            return recipe.build_model(model_args, tokenizer, tokenizer_source)
         config = config_for(model_args, tokenizer)
         config.decoder_start_token_id = config.bos_token_id = tokenizer.bos_token_id
         model = MarianMTModel(config)
-        train.check_tokenizer_matches_config(tokenizer, model.config, tokenizer_source)
+        check_tokenizer_matches_config(tokenizer, model.config, tokenizer_source)
         return model
 
-    train.build_model = build_marian
-    return train.main(argv)
+    return recipe.main(argv, model_builder=build_marian)
 
 
 def preset_config(model_args, tokenizer) -> MarianConfig:

@@ -18,6 +18,7 @@ from huggingface_hub.errors import StrictDataclassError
 from transformers import AutoTokenizer, HfArgumentParser, set_seed
 
 from .. import VanillaTransformerForConditionalGeneration
+from ..hub.model_card import write_model_card
 from .arguments import TranslationTrainingArguments, implied_defaults
 from .checkpoints import check_checkpoint, last_complete_checkpoint, load_trained_model
 from .cpu import busy_cpus, native_bf16_matmul, recorded_threads, set_cpu_threads
@@ -275,53 +276,113 @@ def print_summary(metrics: dict, output_dir: str) -> None:
     print(f"\nsaved model, tokenizer, generation_config.json and all_results.json in {output_dir}")
 
 
-def main(argv: list[str] | None = None, callbacks=None) -> dict:
-    """Run the script with `argv` (default: the command line); returns the metrics. `callbacks` are extra
-    TrainerCallbacks (tests use them to watch the run)."""
-    argv = sys.argv[1:] if argv is None else list(argv)
-    accelerate_launch_without_gpus.use_cpu_if_no_accelerator()
-    try:
-        model_args, data_args, training_args, auto_do = parse_arguments(argv)
-    except ValueError as error:  # a value the training arguments refuse, e.g. --max_train_minutes 0
-        raise SystemExit(f"train.py: error: {' '.join(str(error).split())}") from None
+def one_line(error: BaseException, whole: bool = False) -> str:
+    """An error's message on one line: its first line, or (`whole`) all its lines joined."""
+    text = str(error).strip()
+    return " ".join(text.split()) if whole else (text.splitlines() or [type(error).__name__])[0]
 
+
+def load_splits(
+    data_args: TrainingDataArguments, training_args: TranslationTrainingArguments, auto_do: bool, cache_dir=None
+) -> tuple[DatasetDict, str, str]:
+    """The splits the run reads, cut to the --max_*_samples: with `auto_do` (no --do_* flag given) the do_* flags
+    follow the splits that exist; a split that nobody reads is neither tokenised nor kept."""
+    raw, source_lang, target_lang = data_args.load(cache_dir=cache_dir)
+    for flag, split in (("--do_train", "train"), ("--do_eval", "validation"), ("--do_predict", "test")):
+        if getattr(training_args, flag[2:]) and split not in raw:
+            if not auto_do:
+                raise DataError(f"{flag} needs a {split} split, and the data has only {list(raw)}.")
+            setattr(training_args, flag[2:], False)
+    if not (training_args.do_train or training_args.do_eval or training_args.do_predict):
+        raise DataError("nothing to do: give data with a train, validation or test split.")
+    needed = {
+        "train": training_args.do_train,
+        "validation": training_args.do_eval or training_args.eval_strategy != "no",
+        "test": training_args.do_predict,
+    }
+    raw = DatasetDict({split: dataset for split, dataset in raw.items() if needed[split]})
+    return select_samples(raw, data_args.max_samples()), source_lang, target_lang
+
+
+def choose_attention(model, model_args: ModelArguments, training_args: TranslationTrainingArguments) -> str:
+    """Set the attention to train with and return the one to decode with: a given --attn_implementation serves
+    both; else `workarounds.torch_cpu_bf16_flash_attention` may pick one for training only."""
+    decoding = model_args.attn_implementation or model.config._attn_implementation
+    training = decoding
+    if training_args.do_train:
+        training = torch_cpu_bf16_flash_attention.attention_for_training(model_args.attn_implementation, training_args)
+        training = training or decoding
+    if training != model.config._attn_implementation:
+        model.set_attn_implementation(training)  # a ValueError for an implementation transformers does not know
+    return decoding
+
+
+def set_generation_defaults(model, model_args, data_args, training_args) -> None:
+    """Beam search as in the paper for a fresh model (or a checkpoint that decodes greedily); the longest output is
+    --generation_max_length, by default the longest target + 1, unless a checkpoint's max_new_tokens decides."""
+    given = training_args.generation_max_length
+    training_args.generation_max_length = given or data_args.max_target_length + 1
+    if model_args.model_name_or_path is None or model.generation_config.num_beams == 1:
+        model.generation_config = default_generation_config(
+            model.config,
+            num_beams=training_args.generation_num_beams or 4,
+            max_length=training_args.generation_max_length,
+        )
+    elif given is None and model.generation_config.max_new_tokens is not None:
+        training_args.generation_max_length = None  # the checkpoint's max_new_tokens decides, unless the flag is given
+
+
+def describe_run(model, model_args, training_args, source_lang, target_lang, tokenizer_source, threads) -> str:
+    """The start-up line: the model, languages, tokenizer, global batch, threads, precision, attention, parallelism."""
+    parameters = sum(p.numel() for p in model.parameters())
+    per_device, accumulation = training_args.per_device_train_batch_size, training_args.gradient_accumulation_steps
+    scale = f"x {training_args.world_size} processes x {accumulation} accumulation steps"
+    if training_args.max_tokens_per_batch:
+        batch = f"<= {training_args.max_tokens_per_batch} padded tokens per side per device {scale}"
+    else:
+        batch = f"{per_device} pairs per device {scale} = {per_device * training_args.world_size * accumulation} pairs"
+    return (
+        f"model: {parameters / 1e6:.2f}M parameters ({model_args.model_name_or_path or model_args.preset}); "
+        f"{source_lang}->{target_lang}; tokenizer: {tokenizer_source}; global batch {batch}; "
+        f"CPU threads {threads}; precision: {describe_precision(training_args)}; "
+        f"attention: {model.config._attn_implementation}"
+    )
+
+
+def run(
+    model_args: ModelArguments,
+    data_args: TrainingDataArguments,
+    training_args: TranslationTrainingArguments,
+    *,
+    auto_do: bool = False,
+    callbacks=None,
+    model_builder=None,
+) -> dict:
+    """The recipe, from the arguments (as `parse_arguments` gives them) to the saved model: read the data, the
+    tokenizer and the model, tokenise, train, evaluate and predict (translating as translate.py does), save the model
+    with its card; returns the metrics. Everything that can be wrong with the arguments or the data raises a
+    one-line `DataError` before any training. `callbacks`: extra TrainerCallbacks (tests watch the run with them);
+    `model_builder`: replaces `build_model` (benchmarks/marian_train.py trains transformers' Marian this way)."""
     logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s", level=logging.INFO)
     log_level = training_args.get_process_log_level()
     logger.setLevel(log_level)
     transformers.utils.logging.set_verbosity(log_level)
     is_main = training_args.process_index == 0
     set_seed(training_args.seed)
-
-    # Everything that can be wrong with the arguments or the data is found here, before any training.
     try:
         checkpoint = resolve_checkpoint(training_args)
         # a resumed run keeps the thread count of the run it continues (recorded in the checkpoint): the same sums
         threads = set_cpu_threads(training_args.threads, recorded_threads(checkpoint))
         # before the first bf16 product on a CPU: oneDNN's kernel caches would otherwise keep ~0.7 MiB per shape
         torch_cpu_bf16_kernel_caches.limit_kernel_caches(training_args)
-        raw, source_lang, target_lang = data_args.load(cache_dir=model_args.cache_dir)
-        for flag, split in (("--do_train", "train"), ("--do_eval", "validation"), ("--do_predict", "test")):
-            wanted = getattr(training_args, flag[2:])
-            if wanted and split not in raw:
-                if not auto_do:
-                    raise DataError(f"{flag} needs a {split} split, and the data has only {list(raw)}.")
-                setattr(training_args, flag[2:], False)
-        if not (training_args.do_train or training_args.do_eval or training_args.do_predict):
-            raise DataError("nothing to do: give data with a train, validation or test split.")
-        # splits nobody will read are neither tokenised nor kept
-        needed = {
-            "train": training_args.do_train,
-            "validation": training_args.do_eval or training_args.eval_strategy != "no",
-            "test": training_args.do_predict,
-        }
-        raw = DatasetDict({split: dataset for split, dataset in raw.items() if needed[split]})
-        raw = select_samples(raw, data_args.max_samples())
+        raw, source_lang, target_lang = load_splits(data_args, training_args, auto_do, model_args.cache_dir)
         if not training_args.do_train and model_args.model_name_or_path is None:
             raise DataError("evaluating without training needs a trained model: pass --model_name_or_path.")
         tokenizer, tokenizer_source = load_tokenizer(
             model_args, raw, source_lang, target_lang, training_args, checkpoint
         )
-        model = build_model(model_args, tokenizer, tokenizer_source)
+        model = (model_builder or build_model)(model_args, tokenizer, tokenizer_source)
+        learned = getattr(model.config, "position_embedding_type", None) == "learned"
         with training_args.main_process_first(local=False, desc="tokenizing"):
             tokenized = tokenize_splits(
                 raw,
@@ -334,36 +395,14 @@ def main(argv: list[str] | None = None, callbacks=None) -> dict:
                 or default_num_workers(max(map(len, raw.values())), busy_cpus),
                 load_from_cache_file=not data_args.overwrite_cache,
                 print_fn=print if is_main else None,
-                max_positions=model.config.max_position_embeddings
-                if getattr(model.config, "position_embedding_type", None) == "learned"
-                else None,
+                max_positions=model.config.max_position_embeddings if learned else None,
             )
+        decoding_attention = choose_attention(model, model_args, training_args)
     except StrictDataclassError as error:  # a config value that @strict refuses: the field and why, on one line
-        raise SystemExit(f"train.py: error: {' '.join(str(error).split())}") from None
-    except (DataError, ValueError, OSError) as error:
-        raise SystemExit(f"train.py: error: {str(error).strip().splitlines()[0]}") from None
-
-    # a given --attn_implementation serves training and decoding; else the workaround may pick one for training only
-    decoding_attention = model_args.attn_implementation or model.config._attn_implementation
-    attention = decoding_attention
-    if training_args.do_train:
-        chosen = torch_cpu_bf16_flash_attention.attention_for_training(model_args.attn_implementation, training_args)
-        attention = chosen or attention
-    if attention != model.config._attn_implementation:
-        try:
-            model.set_attn_implementation(attention)
-        except ValueError as error:  # an implementation transformers does not know
-            raise SystemExit(f"train.py: error: {str(error).splitlines()[0]}") from None
-    given_max_length = training_args.generation_max_length
-    training_args.generation_max_length = given_max_length or data_args.max_target_length + 1
-    if model_args.model_name_or_path is None or model.generation_config.num_beams == 1:
-        model.generation_config = default_generation_config(
-            model.config,
-            num_beams=training_args.generation_num_beams or 4,
-            max_length=training_args.generation_max_length,
-        )
-    elif given_max_length is None and model.generation_config.max_new_tokens is not None:
-        training_args.generation_max_length = None  # the checkpoint's max_new_tokens decides, unless the flag is given
+        raise DataError(one_line(error, whole=True)) from error
+    except (ValueError, OSError) as error:  # DataError included
+        raise DataError(one_line(error)) from error
+    set_generation_defaults(model, model_args, data_args, training_args)
     try:
         trainer = build_trainer(
             model,
@@ -375,80 +414,89 @@ def main(argv: list[str] | None = None, callbacks=None) -> dict:
             languages=(source_lang, target_lang),
         )
     except ValueError as error:  # e.g. a parallelism the launch asked for that cannot run here
-        raise SystemExit(f"train.py: error: {' '.join(str(error).split())}") from None
+        raise DataError(one_line(error, whole=True)) from error
 
     if is_main:
         decodes_after = training_args.do_eval or training_args.do_predict  # with the decoding attention
-        parameters = sum(p.numel() for p in model.parameters())
-        per_device, accumulation = training_args.per_device_train_batch_size, training_args.gradient_accumulation_steps
-        scale = f"x {training_args.world_size} processes x {accumulation} accumulation steps"
-        if training_args.max_tokens_per_batch:
-            batch = f"<= {training_args.max_tokens_per_batch} padded tokens per side per device {scale}"
-        else:
-            total = per_device * training_args.world_size * accumulation
-            batch = f"{per_device} pairs per device {scale} = {total} pairs"
+        trained_with = model.config._attn_implementation
         print(
-            f"model: {parameters / 1e6:.2f}M parameters ({model_args.model_name_or_path or model_args.preset}); "
-            f"{source_lang}->{target_lang}; tokenizer: {tokenizer_source}; global batch {batch}; "
-            f"CPU threads {threads}; precision: {describe_precision(training_args)}; "
-            f"attention: {model.config._attn_implementation}"
-            + (f" (decoding: {decoding_attention})" if decodes_after and decoding_attention != attention else "")
-            + "; "
-            f"parallelism: {describe_parallelism(trainer.accelerator)}"
+            describe_run(model, model_args, training_args, source_lang, target_lang, tokenizer_source, threads)
+            + (f" (decoding: {decoding_attention})" if decodes_after and decoding_attention != trained_with else "")
+            + f"; parallelism: {describe_parallelism(trainer.accelerator)}"
         )
         if describe_budget(training_args):
             print(describe_budget(training_args))
 
-    all_metrics: dict = {}
+    metrics: dict = {}
     if training_args.do_train:
         result = trainer.train(resume_from_checkpoint=checkpoint)
         if is_main and describe_stop(trainer):
             print(f"train.py: {describe_stop(trainer)}")
         trainer.save_model()  # model, tokenizer and generation_config.json
-        metrics = dict(result.metrics, train_samples=len(tokenized["train"]))
-        trainer.log_metrics("train", metrics)
-        trainer.save_metrics("train", metrics)
+        metrics.update(report(trainer, "train", dict(result.metrics, train_samples=len(tokenized["train"]))))
         trainer.save_state()
-        all_metrics.update(metrics)
     if decoding_attention != model.config._attn_implementation:
         model.set_attn_implementation(decoding_attention)  # the training attention was for the backward pass
     if training_args.do_eval:
-        metrics = trainer.evaluate(metric_key_prefix="eval")
-        metrics["eval_samples"] = len(tokenized["validation"])
-        trainer.log_metrics("eval", metrics)
-        trainer.save_metrics("eval", metrics)
-        all_metrics.update(metrics)
+        evaluated = trainer.evaluate(metric_key_prefix="eval")
+        metrics.update(report(trainer, "eval", dict(evaluated, eval_samples=len(tokenized["validation"]))))
     if training_args.do_predict:
         prediction = trainer.predict(tokenized["test"], metric_key_prefix="predict")
-        metrics = dict(prediction.metrics, predict_samples=len(tokenized["test"]))
-        trainer.log_metrics("predict", metrics)
-        trainer.save_metrics("predict", metrics)
-        all_metrics.update(metrics)
+        metrics.update(report(trainer, "predict", dict(prediction.metrics, predict_samples=len(tokenized["test"]))))
         if trainer.is_world_process_zero():
             # one line per test pair, in the file's order (a generated line break would split a line)
             lines = [" ".join(translation.split()) for translation in prediction.predictions]
             with open(os.path.join(training_args.output_dir, "generated_predictions.txt"), "w") as f:
                 f.write("\n".join(lines) + "\n")
 
-    if trainer.is_world_process_zero() and not os.path.isfile(os.path.join(training_args.output_dir, "config.json")):
-        print(f"train.py: no model card: {training_args.output_dir} holds no saved model (nothing was trained here)")
-    elif trainer.is_world_process_zero():
-        from ..hub.model_card import write_model_card
-
-        write_model_card(
-            training_args.output_dir,
-            metrics=all_metrics,
-            training_args=steps_trained(training_args, trainer.state.global_step),
-            dataset_name=data_args.dataset_name
-            or data_args.train_file
-            or ("the built-in German->English number-words demo corpus" if not data_args.has_own_data() else None),
-            source_lang=source_lang,
-            target_lang=target_lang,
-        )
-        print_summary(all_metrics, training_args.output_dir)
+    if trainer.is_world_process_zero():
+        write_card(trainer, metrics, data_args, source_lang, target_lang)
     # Every process leaves its process group before it exits (transformers' `Trainer.end`): left to the interpreter's
     # exit, a gloo group can abort the process after its work is saved (`workarounds.torch_gloo_group_teardown`).
     # Only on success: a process that failed leaves the group as it is (destroying it while the others still wait in
     # a collective can hang them).
     trainer.end()
-    return all_metrics
+    return metrics
+
+
+def report(trainer, split: str, metrics: dict) -> dict:
+    """Log and save a split's metrics as transformers' example scripts do; returns them."""
+    trainer.log_metrics(split, metrics)
+    trainer.save_metrics(split, metrics)
+    return metrics
+
+
+def write_card(trainer, metrics: dict, data_args, source_lang: str, target_lang: str) -> None:
+    """The model card of the saved model (hub.model_card), and the summary of the metrics; a run that saved no model
+    says so instead."""
+    args = trainer.args
+    if not os.path.isfile(os.path.join(args.output_dir, "config.json")):
+        print(f"train.py: no model card: {args.output_dir} holds no saved model (nothing was trained here)")
+        return
+    demo = "the built-in German->English number-words demo corpus" if not data_args.has_own_data() else None
+    write_model_card(
+        args.output_dir,
+        metrics=metrics,
+        training_args=steps_trained(args, trainer.state.global_step),
+        dataset_name=data_args.dataset_name or data_args.train_file or demo,
+        source_lang=source_lang,
+        target_lang=target_lang,
+    )
+    print_summary(metrics, args.output_dir)
+
+
+def main(argv: list[str] | None = None, callbacks=None, model_builder=None) -> dict:
+    """scripts/train.py: parse `argv` (default: the command line), `run` the recipe, return its metrics; a bad
+    argument or bad data ends it with one line, `train.py: error: ...`."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    accelerate_launch_without_gpus.use_cpu_if_no_accelerator()
+    try:
+        model_args, data_args, training_args, auto_do = parse_arguments(argv)
+    except ValueError as error:  # a value the training arguments refuse, e.g. --max_train_minutes 0
+        raise SystemExit(f"train.py: error: {one_line(error, whole=True)}") from None
+    try:
+        return run(
+            model_args, data_args, training_args, auto_do=auto_do, callbacks=callbacks, model_builder=model_builder
+        )
+    except DataError as error:
+        raise SystemExit(f"train.py: error: {error}") from None
