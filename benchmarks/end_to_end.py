@@ -15,13 +15,12 @@ script calls `evaluate.load("sacrebleu")`, which then needs no Hub; `evaluate` i
 mean target length in tokens, eos included: both sides draw their batches from the whole corpus), the median of the
 per-round ratios against each Marian side, and each process's peak resident memory (from `wait4`).
 
-Six sides by default (`--sides`), run in turn in each round: `marian` (run_translation.py's defaults: random batches),
+Five sides by default (`--sides`), run in turn in each round: `marian` (run_translation.py's defaults: random batches),
 `marian-grouped` (the same with transformers' stock `--train_sampling_strategy group_by_length`, what a knowledgeable
-user turns on), `vanilla` (train.py, batches of `--batch_size` pairs), `vanilla-no-chunks` (`--length_chunks false`:
-what is left of our lead without skipping padding), `vanilla-token-batches` (train.py's own batching, as its `compact`
-default trains: length-grouped batches of at most `--max_tokens_per_batch` padded tokens per side), and
-`vanilla-grouped` (train.py on marian-grouped's batching: the training step against Marian's, on the same batches); on
-request, the last two with the other attention implementation: `marian-grouped-eager` (Marian with
+user turns on), `vanilla` (train.py, batches of `--batch_size` pairs), `vanilla-token-batches` (train.py's own
+batching, as its `compact` default trains: length-grouped batches of at most `--max_tokens_per_batch` padded tokens
+per side), and `vanilla-grouped` (train.py on marian-grouped's batching: the training step against Marian's, on the
+same batches); on request, the last two with the other attention implementation: `marian-grouped-eager` (Marian with
 `attn_implementation="eager"`, what train.py picks for bf16 on a CPU) and `vanilla-grouped-sdpa` (train.py with
 `--attn_implementation sdpa`), and `marian-token-batches` (MarianMTModel under the project's trainer: train.py with
 vanilla-token-batches' arguments and the Marian side's model in place of ours, as `benchmarks/marian_train.py` trains
@@ -55,7 +54,7 @@ from common import provenance  # noqa: E402
 from speed import SIZES  # noqa: E402  (d_model, layers, heads, FFN of each size)
 
 MAX_LENGTH = 256  # source and target truncation on both sides (train.py's presets)
-DEFAULT_SIDES = ("marian", "marian-grouped", "vanilla", "vanilla-no-chunks", "vanilla-token-batches", "vanilla-grouped")
+DEFAULT_SIDES = ("marian", "marian-grouped", "vanilla", "vanilla-token-batches", "vanilla-grouped")
 # on request: the same batches as marian-grouped / vanilla-grouped with the other attention implementation (Marian with
 # the eager attention train.py picks for bf16 on a CPU, ours with transformers' default SDPA), and Marian trained by
 # train.py on vanilla-token-batches' batches (the same trainer and batches: the model against the model)
@@ -185,15 +184,13 @@ def train_marian_with_train_py(args: argparse.Namespace) -> None:
 def ours_command(
     args: argparse.Namespace,
     run_dir: str,
-    length_chunks: bool | None = None,
     token_batches: bool = False,
     grouped: bool = False,
     attn_implementation: str | None = None,
 ) -> list[str]:
-    """train.py with the Marian side's settings; `length_chunks` False/True sets --length_chunks (None: its default);
-    `token_batches` replaces the batches of `--batch_size` pairs by train.py's token batches; `grouped` draws them
-    with Trainer's stock `--train_sampling_strategy group_by_length`, as the marian-grouped side does;
-    `attn_implementation` sets --attn_implementation (None: train.py's choice).
+    """train.py with the Marian side's settings; `token_batches` replaces the batches of `--batch_size` pairs by
+    train.py's token batches; `grouped` draws them with Trainer's stock `--train_sampling_strategy group_by_length`,
+    as the marian-grouped side does; `attn_implementation` sets --attn_implementation (None: train.py's choice).
 
     The arguments go to train.py as its one JSON file (`run_dir/args.json`, written here): transformers 5.24's
     HfArgumentParser reads a `str | bool` field such as `include_num_input_tokens_seen` as a boolean on the command
@@ -210,8 +207,6 @@ def ours_command(
         "eval_strategy": "no", "seed": args.seed, "threads": 1, "report_to": "none", "disable_tqdm": True,
         "logging_steps": args.max_steps, "include_num_input_tokens_seen": "non_padding",
     }  # fmt: skip
-    if length_chunks is not None:
-        values["length_chunks"] = length_chunks
     if token_batches:
         values["max_tokens_per_batch"] = args.max_tokens_per_batch
     if grouped:
@@ -338,10 +333,9 @@ def main(argv: list[str] | None = None) -> dict:
             run_dir = os.path.join(args.output_dir, f"{side}-{index}")
             os.makedirs(run_dir, exist_ok=True)
             if side.startswith("vanilla"):
-                chunks = False if side == "vanilla-no-chunks" else None
                 token_batches, grouped = side == "vanilla-token-batches", side.startswith("vanilla-grouped")
                 attention = "sdpa" if side.endswith("-sdpa") else None
-                command = ours_command(args, run_dir, chunks, token_batches, grouped, attention)
+                command = ours_command(args, run_dir, token_batches, grouped, attention)
                 result = run(command, run_dir)
             elif args.run_translation and side != "marian-token-batches":
                 command = run_translation_command(args, run_dir, group_by_length=side == "marian-grouped")

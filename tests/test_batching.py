@@ -24,12 +24,10 @@ from vanilla_transformer.training.arguments import TranslationTrainingArguments
 from vanilla_transformer.training.batching import (
     TokenBatchingSeq2SeqTrainer,
     TokenBatchSampler,
-    length_chunks,
     pack_by_tokens,
     padding_efficiency,
     sentence_batches,
     sequence_lengths,
-    split_padded_batch,
 )
 from vanilla_transformer.training.trainer import build_trainer
 
@@ -368,136 +366,3 @@ def _distributed_worker(output_dir: str) -> None:
 
 if __name__ == "__main__":
     _distributed_worker(sys.argv[1])
-
-
-def test_length_chunks_split_only_where_padding_costs_more_than_a_pass():
-    assert length_chunks([10] * 32, [12] * 32) == [list(range(32))]  # equal lengths: nothing to gain
-    assert length_chunks([5, 30], [5, 30]) == [[0, 1]]  # two sentences: one more pass costs more than the padding
-    rng = random.Random(0)
-    sources, targets = [rng.randint(3, 35) for _ in range(32)], [rng.randint(3, 35) for _ in range(32)]
-    chunks = length_chunks(sources, targets)
-    assert len(chunks) > 1 and sorted(i for chunk in chunks for i in chunk) == list(range(32))
-    padded = [len(c) * (max(sources[i] for i in c) + max(targets[i] for i in c)) for c in chunks]
-    assert sum(padded) + 64 * len(chunks) < 32 * (max(sources) + max(targets)) + 64
-    longest = [max(sources[i] + targets[i] for i in chunk) for chunk in chunks]
-    assert longest == sorted(longest)  # chunks of similar lengths, shortest first
-
-
-def test_split_padded_batch_keeps_every_row_and_cuts_only_padding():
-    tokenizer = word_tokenizer(WORDS)
-    pairs = tokenized_pairs(tokenizer, 32)
-    batch = DataCollatorForSeq2Seq(tokenizer, model=model_for(tokenizer), label_pad_token_id=-100)(pairs)
-    chunks = split_padded_batch(dict(batch))
-    assert len(chunks) > 1 and set(chunks[0]) == set(batch)
-    rows = []
-    for chunk in chunks:
-        for row in range(len(chunk["labels"])):
-            source = chunk["input_ids"][row][chunk["attention_mask"][row] == 1].tolist()
-            original = next(
-                i for i in range(32) if batch["input_ids"][i][batch["attention_mask"][i] == 1].tolist() == source
-            )
-            rows.append(original)
-            target = chunk["labels"][row]
-            assert torch.equal(target, batch["labels"][original][: len(target)])  # the same positions, cut
-            assert (batch["labels"][original][len(target) :] == -100).all()  # only padding was cut
-            assert torch.equal(chunk["decoder_input_ids"][row], batch["decoder_input_ids"][original][: len(target)])
-        assert chunk["attention_mask"][:, -1].any() and (chunk["labels"][:, -1] != -100).any()  # no padding column left
-    assert sorted(rows) == list(range(32))
-    assert split_padded_batch({**batch, "extra": batch["labels"]}) == [{**batch, "extra": batch["labels"]}]
-    collator = DataCollatorForSeq2Seq(tokenizer, label_pad_token_id=-100, pad_to_multiple_of=8)  # as with --bf16
-    split = split_padded_batch(dict(collator(pairs)), pad_to_multiple_of=8)
-    assert len(split) > 1 and all(chunk[key].shape[1] % 8 == 0 for chunk in split for key in chunk)
-
-
-def test_trainer_step_in_chunks_gives_the_gradient_of_the_whole_batch(tmp_path, one_thread):
-    """A batch of mixed lengths runs as several forward and backward passes (fewer padded positions), and the
-    accumulated gradient and loss equal those of the whole batch in one pass (Seq2SeqTrainer's step)."""
-    from transformers import Seq2SeqTrainer
-
-    tokenizer = word_tokenizer(WORDS)
-    batch = DataCollatorForSeq2Seq(tokenizer, label_pad_token_id=-100)(tokenized_pairs(tokenizer, 32))
-    batch["decoder_input_ids"] = model_for(tokenizer).prepare_decoder_input_ids_from_labels(batch["labels"])
-    num_items = (batch["labels"] != -100).sum()
-    results = []
-    for trainer_class in (Seq2SeqTrainer, TokenBatchingSeq2SeqTrainer):
-        model = tiny_model(vocab_size=len(tokenizer), dropout=0.0)
-        model.load_state_dict(model_for(tokenizer).state_dict())
-        trainer = trainer_class(model=model, args=training_args(tmp_path))
-        calls = []
-        model.register_forward_pre_hook(lambda module, args, calls=calls: calls.append(1))
-        loss = trainer.training_step(model, dict(batch), num_items_in_batch=num_items)
-        results.append((loss, [p.grad for p in model.parameters()], len(calls)))
-    (whole_loss, whole_grads, whole_calls), (loss, grads, calls) = results
-    assert whole_calls == 1 and calls > 1
-    torch.testing.assert_close(loss, whole_loss, rtol=1e-5, atol=1e-7)
-    for a, b in zip(grads, whole_grads):
-        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
-    trainer.model_accepts_loss_kwargs = False  # a model that averages its loss itself: chunk means would not add up
-    trainer.current_gradient_accumulation_steps = 1  # set by the training loop, read when the loss is a mean
-    counted = []
-    model.register_forward_pre_hook(lambda module, args: counted.append(1))
-    trainer.training_step(model, dict(batch), num_items_in_batch=num_items)
-    assert counted == [1]
-
-
-def mixed_length_batch(tokenizer) -> tuple[dict, torch.Tensor]:
-    """32 pairs of 1-14 words padded together, with their decoder inputs, and the count of labelled tokens."""
-    batch = DataCollatorForSeq2Seq(tokenizer, label_pad_token_id=-100)(tokenized_pairs(tokenizer, 32))
-    batch["decoder_input_ids"] = model_for(tokenizer).prepare_decoder_input_ids_from_labels(batch["labels"])
-    return batch, (batch["labels"] != -100).sum()
-
-
-def forward_passes(trainer: TokenBatchingSeq2SeqTrainer, batch: dict, num_items: torch.Tensor) -> int:
-    """The forward passes of the trainer's model in one training step over `batch`."""
-    calls = []
-    trainer.model.register_forward_pre_hook(lambda module, inputs: calls.append(1))
-    trainer.training_step(trainer.model, dict(batch), num_items_in_batch=num_items)
-    return len(calls)
-
-
-def test_automatic_length_chunks_leave_batches_of_similar_length_whole(tmp_path, one_thread):
-    """By default a CPU process chunks batches drawn at random in float32; not token batches or Trainer's length
-    groups, which are of similar length already, nor in bf16 (where a second pass costs more than the padding it
-    saves: docs/training.md); a flag the user gives decides either way. Measured by the passes over one batch of mixed
-    lengths."""
-    tokenizer = word_tokenizer(WORDS)
-    batch, num_items = mixed_length_batch(tokenizer)
-
-    def passes(strategy: str = "random", bf16: bool = False, **kwargs) -> int:
-        args = training_args(tmp_path, train_sampling_strategy=strategy, bf16=bf16)
-        trainer = TokenBatchingSeq2SeqTrainer(model=model_for(tokenizer), args=args, **kwargs)
-        return forward_passes(trainer, batch, num_items)
-
-    assert passes() > 1  # sentences drawn at random: chunks
-    assert passes("group_by_length") == 1
-    assert passes(max_tokens_per_batch=64) == 1
-    assert passes(bf16=True) == 1
-    assert passes(bf16=True, length_chunks=True) > 1
-    assert passes("group_by_length", length_chunks=True) == passes() > 1  # asked for: chunks all the same
-
-
-def test_length_chunks_can_be_turned_off_and_several_processes_use_the_agreed_count(tmp_path, one_thread):
-    """--length_chunks false runs every batch whole; `agree` (several processes: the fewest chunks any of them chose)
-    decides how many chunks a batch is cut into, and is asked even for a batch that cannot be split."""
-    tokenizer = word_tokenizer(WORDS)
-    batch, num_items = mixed_length_batch(tokenizer)
-    passes = {}
-    for flag in (None, "true", "false"):
-        values = {} if flag is None else {"length_chunks": flag == "true"}
-        args = TranslationTrainingArguments(output_dir=str(tmp_path), use_cpu=True, report_to="none", **values)
-        trainer = build_trainer(model_for(tokenizer), args, tokenizer)  # which passes --length_chunks on
-        passes[flag] = forward_passes(trainer, batch, num_items)
-    assert passes["true"] == passes[None] > 1 and passes["false"] == 1  # on CPU the default is on
-    off = TokenBatchingSeq2SeqTrainer(model=model_for(tokenizer), args=training_args(tmp_path), length_chunks=False)
-    assert not off.chunks_keep_the_gradient(num_items)
-
-    best = len(split_padded_batch(dict(batch)))
-    asked = []
-    for agreed in (1, 2, best):
-        chunks = split_padded_batch(dict(batch), agree=lambda count, agreed=agreed: asked.append(count) or agreed)
-        assert len(chunks) == agreed and sum(len(chunk["labels"]) for chunk in chunks) == 32
-    assert asked == [best] * 3  # each process offers its own best count
-    split_padded_batch({**batch, "extra": batch["labels"]}, agree=lambda count: asked.append(count) or 1)
-    assert asked[-1] == 1
-    with pytest.raises(ValueError, match="between 1 and the batch's 32 rows"):
-        length_chunks([3] * 32, [4] * 32, parts=33)

@@ -1,5 +1,5 @@
 """The end-to-end benchmark's sides (benchmarks/end_to_end.py): Marian with and without transformers' stock
-length grouping, train.py with and without length chunks and with its token batches, Marian under train.py, and the
+length grouping, train.py with sentence batches and with its token batches, Marian under train.py, and the
 tokens-per-second figures."""
 
 import json
@@ -17,12 +17,9 @@ end_to_end = load_script("end_to_end", folder="benchmarks")
 def test_each_side_asks_for_its_batching(tmp_path):
     args = end_to_end.parse_arguments(["--data_dir", str(tmp_path), "--run_translation", __file__])
     assert args.sides == list(end_to_end.DEFAULT_SIDES)
-    chunks = {None: None, False: False, True: True}
-    for given, expected in chunks.items():
-        command = end_to_end.ours_command(args, str(tmp_path / "run"), length_chunks=given)
-        parsed = recipe.parse_arguments(command[2:])[2]
-        assert parsed.length_chunks is expected and parsed.max_tokens_per_batch is None
-        assert parsed.include_num_input_tokens_seen == "non_padding"  # every side counts what it trained on
+    parsed = recipe.parse_arguments(end_to_end.ours_command(args, str(tmp_path / "run"))[2:])[2]
+    assert parsed.max_tokens_per_batch is None
+    assert parsed.include_num_input_tokens_seen == "non_padding"  # every side counts what it trained on
     command = end_to_end.ours_command(args, str(tmp_path / "run"), token_batches=True)
     assert recipe.parse_arguments(command[2:])[2].max_tokens_per_batch == 512  # train.py's compact default
     tokens = end_to_end.parse_arguments(["--data_dir", str(tmp_path), "--max_tokens_per_batch", "300"])

@@ -1,6 +1,6 @@
 """Several processes on the defaults, with the shapes users have: the demo corpus's batches of 64 pairs of mixed
-length (which the trainer runs in length chunks), token batches and gradient accumulation, under DDP and FSDP2 on 2
-CPU processes; two "machines" on localhost; and a mismatch between processes failing in seconds instead of hanging.
+length, token batches and gradient accumulation, under DDP and FSDP2 on 2 CPU processes; two "machines" on localhost;
+and a mismatch between processes failing in seconds instead of hanging.
 
 Every launch runs with a short process-group timeout (`--ddp_timeout`) and a subprocess timeout, so that processes
 that stop agreeing end the test with an error, not by CI's limit.
@@ -40,28 +40,24 @@ TOKENS_ACCUMULATION = ["--max_tokens_per_batch", "1024", "--gradient_accumulatio
 WRAP_LAYERS = '{"transformer_layer_cls_to_wrap": ["EncoderLayer", "DecoderLayer"]}'
 TRANSFORMERS_FSDP = ["--fsdp", "full_shard auto_wrap", "--fsdp_config", WRAP_LAYERS]
 
-# Runs train.py's main() and records, per process, how many length chunks each training batch was run in.
-# MISMATCH=1 takes the processes' agreement away: each then chunks its own batch as it alone would choose.
+# Runs train.py's recipe. MISMATCH=1 makes process 1 run its first training step twice, a pass the other process does
+# not run: FSDP2's gathers stop matching.
 LAUNCHER = """
 import json, os, sys
 import torch
-import vanilla_transformer.training.batching as batching
 
 from vanilla_transformer.training import recipe
+from vanilla_transformer.training.trainer import TranslationTrainer
 
-counts, split = [], batching.split_padded_batch
+if os.environ.get("MISMATCH") and os.environ.get("RANK") == "1":
+    step = TranslationTrainer.training_step
 
-def counting_split(*args, **kwargs):
-    chunks = split(*args, **kwargs)
-    counts.append(len(chunks))
-    return chunks
+    def twice(self, *args, **kwargs):
+        step(self, *args, **kwargs)
+        return step(self, *args, **kwargs)
 
-batching.split_padded_batch = counting_split
-if os.environ.get("MISMATCH"):
-    batching.fewest_chunks_of_all_processes = lambda accelerator: (lambda count: count)
+    TranslationTrainer.training_step = twice
 recipe.main(sys.argv[2:])
-with open(os.path.join(sys.argv[1], f"chunks-{os.environ.get('RANK', '0')}.json"), "w") as f:
-    json.dump(counts, f)
 # what is left of the process group once main() has returned
 workers = 0
 for task in os.listdir("/proc/self/task"):
@@ -194,11 +190,9 @@ def tokenizer(tmp_path_factory) -> str:
 
 
 def demo_args(output_dir, tokenizer: str, *extra: str) -> list[str]:
-    """The demo's defaults (small preset, 64 pairs of mixed length per process, dropout) for 24 steps, with the length
-    chunks that the small preset leaves off (they pay on real corpora, whose batches have this shape too)."""
+    """The demo's defaults (small preset, 64 pairs of mixed length per process, dropout) for 24 steps."""
     return [
         *("--output_dir", str(output_dir), "--tokenizer_name", tokenizer, "--do_train", "--max_steps", "24"),
-        *("--length_chunks", "true"),
         *("--max_train_samples", "4000", "--logging_steps", "8", "--disable_tqdm", "true", "--report_to", "none"),
         *extra,
     ]
@@ -221,13 +215,6 @@ def test_several_processes_train_the_demo_batches_on_the_defaults(tmp_path, toke
     assert "over 2 processes, gloo" in output
     state = json.loads((tmp_path / "out" / "trainer_state.json").read_text())
     assert state["global_step"] == 24
-    counts = [json.loads((tmp_path / f"chunks-{rank}.json").read_text()) for rank in (0, 1)]
-    # both processes ran every micro-batch in the same number of chunks, and the real batches did get split
-    # (with accumulation, an epoch's last step may have fewer micro-batches)
-    accumulation = 2 if "--gradient_accumulation_steps" in extra else 1
-    assert counts[0] == counts[1] and 24 <= len(counts[0]) <= 24 * accumulation
-    if "--max_tokens_per_batch" not in extra:
-        assert max(counts[0]) > 1, counts[0]
     # each process left its process group before exiting, and under DDP the group is gone with its threads
     # (workarounds.torch_gloo_group_teardown; under FSDP2 DTensor's caches keep it until the interpreter exits)
     groups = [json.loads((tmp_path / f"group-{rank}.json").read_text()) for rank in (0, 1)]
@@ -238,8 +225,8 @@ def test_several_processes_train_the_demo_batches_on_the_defaults(tmp_path, toke
 
 @pytest.mark.distributed
 def test_processes_that_disagree_fail_in_seconds_instead_of_hanging(tmp_path, tokenizer):
-    """Without the agreement each process chunks its own batch: FSDP2's gathers stop matching, and the process-group
-    timeout (10 s here) turns what used to be a silent hang into an error."""
+    """A process that runs a pass the other does not (as processes that batch differently would): FSDP2's gathers
+    stop matching, and the process-group timeout (10 s here) turns what would be a silent hang into an error."""
     args = demo_args(tmp_path / "out", tokenizer)
     [(code, output)] = finish(accelerate_launch(tmp_path, FSDP_LAUNCH, args, timeout="10", MISMATCH="1"))
     assert code != 0

@@ -142,17 +142,6 @@ def test_preset_defaults_yield_to_flags(tmp_path, monkeypatch):
     assert (args.learning_rate, args.warmup_steps) == (1e-4, 4000)
 
 
-def test_length_chunks_follow_the_preset_unless_given(tmp_path):
-    """The demo's small preset runs its batches whole (its chunks were measured not to pay); own data (compact) leaves
-    the choice to the trainer (on CPU: on); the flag wins over both."""
-    out = ["--output_dir", str(tmp_path)]
-    own_data = out + ["--train_file", "x.jsonl", "--source_lang", "de", "--target_lang", "en", "--preset", "base"]
-    assert recipe.parse_arguments(out)[2].length_chunks is False
-    assert recipe.parse_arguments(out + ["--length_chunks", "true"])[2].length_chunks is True
-    assert recipe.parse_arguments(own_data)[2].length_chunks is None
-    assert recipe.parse_arguments(own_data + ["--length_chunks", "false"])[2].length_chunks is False
-
-
 def test_a_step_count_given_means_its_strategy_by_steps(tmp_path):
     """The `small` preset saves every epoch; --save_steps alone must not be ignored (nor --eval_steps alone)."""
     out = ["--output_dir", str(tmp_path)]

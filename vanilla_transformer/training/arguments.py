@@ -55,16 +55,6 @@ class TranslationTrainingArguments(TrainingArgumentsOverrides, TimeBudgetArgumen
             "The paper used about 25000."
         },
     )
-    length_chunks: bool | None = field(
-        default=None,
-        metadata={
-            "help": "Run a training batch whose sentences differ much in length in chunks of similar length (the same "
-            "batch and gradient, less padding). Default: on CPU in float32, where it was measured to pay on real "
-            "corpora; off in bf16 or fp16 (measured slower in bf16), on GPUs (not measured there), in the small preset "
-            "(the demo's short sentences), and for batches of similar length already (--max_tokens_per_batch, "
-            "--train_sampling_strategy group_by_length). Several processes agree on each batch's number of chunks."
-        },
-    )
     threads: int | None = field(
         default=None,
         metadata={

@@ -1,4 +1,5 @@
-"""Token-based batching: fairseq's ``--max-tokens`` for transformers' ``Seq2SeqTrainer``.
+"""Token-based batching: fairseq's ``--max-tokens`` for transformers' ``Seq2SeqTrainer``, and what measures it
+(``padding_efficiency``, ``compare_batchings``).
 
 The paper batched "sentence pairs together by approximate sequence length", about 25,000 source and 25,000 target
 tokens per step (§5.1). A fixed number of sentences per batch wastes compute on padding when lengths vary, and makes
@@ -20,17 +21,15 @@ fewer than ``num_replicas`` of them, with a warning.
 
 from __future__ import annotations
 
-import contextlib
 import heapq
 import math
 import random
 import warnings
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 
 import datasets
 import pyarrow.compute
 import torch
-from accelerate.utils import DistributedType
 from torch.utils.data import DataLoader
 from transformers import Seq2SeqTrainer
 from transformers.trainer_pt_utils import BatchRebalanceSampler
@@ -301,96 +300,6 @@ def sequence_lengths(dataset) -> tuple[list[int], list[int] | None]:
     return source, target
 
 
-# The fixed cost of one more forward and backward pass, counted in padded tokens (see length_chunks)
-CHUNK_OVERHEAD_TOKENS = 64
-SOURCE_KEYS, TARGET_KEYS = ("input_ids", "attention_mask"), ("labels", "decoder_input_ids", "decoder_attention_mask")
-
-
-def length_chunks(
-    source_lengths: Sequence[int],
-    target_lengths: Sequence[int],
-    overhead: int = CHUNK_OVERHEAD_TOKENS,
-    parts: int | None = None,
-) -> list[list[int]]:
-    """Split one batch into chunks of sentences of similar length, each to be padded to its own longest sentence only.
-
-    A batch of randomly drawn sentences is padded to its longest, so that most of its positions can be padding. The
-    batch sorted by length is cut into k equal chunks, for k = 1, 2, 4 or 8, whichever makes the fewest padded tokens
-    (sentences × (longest source + longest target), summed over chunks) plus ``overhead`` tokens per chunk; or into
-    exactly ``parts`` chunks when given (at most one per sentence). Returns the rows of each chunk; one chunk holding
-    every row in order when splitting does not pay.
-    """
-    rows = len(source_lengths)
-    order = sorted(range(rows), key=lambda i: (source_lengths[i] + target_lengths[i], i))
-
-    def split(k: int) -> list[list[int]]:
-        return [order[c * rows // k : (c + 1) * rows // k] for c in range(k)] if k > 1 else [list(range(rows))]
-
-    if parts is not None:
-        if not 1 <= parts <= max(1, rows):
-            raise ValueError(f"parts={parts} must be between 1 and the batch's {rows} rows.")
-        return split(parts)
-
-    def cost(chunks: list[list[int]]) -> int:
-        longest = (max(source_lengths[i] for i in c) + max(target_lengths[i] for i in c) for c in chunks)
-        return sum(len(c) * length + overhead for c, length in zip(chunks, longest))
-
-    best = split(1)
-    for k in (2, 4, 8):
-        if k <= rows and cost(split(k)) < cost(best):
-            best = split(k)
-    return best
-
-
-def _last_position(mask: torch.Tensor) -> torch.Tensor:
-    """Per row, 1 + the index of the last True (0 for a row without any): the length once trailing padding is cut."""
-    return torch.where(mask.any(1), mask.shape[1] - mask.flip(1).int().argmax(1), 0)
-
-
-def split_padded_batch(
-    inputs: dict, pad_to_multiple_of: int | None = None, agree: Callable[[int], int] | None = None
-) -> list[dict]:
-    """``inputs`` as ``length_chunks`` splits it: each chunk its rows, cut after the last column that is not padding
-    in any of them (source side: ``attention_mask``; target side: labels ≠ -100), so that positions are unchanged.
-    Batches with other keys, or without ``attention_mask`` and ``labels``, are returned whole.
-
-    ``agree`` turns this process's best number of chunks into the number every process uses (several processes must
-    run the same number of forward and backward passes: FSDP gathers and scatters weights in each of them)."""
-    if set(inputs) - {*SOURCE_KEYS, *TARGET_KEYS} or not {"attention_mask", "labels"} <= set(inputs):
-        if agree is not None:
-            agree(1)  # every process takes part in each agreement, whatever its batch
-        return [inputs]
-    source_lengths = _last_position(inputs["attention_mask"] != 0).tolist()
-    target_lengths = _last_position(inputs["labels"] != -100).tolist()
-    chunks = length_chunks(source_lengths, target_lengths)
-    agreed = len(chunks) if agree is None else agree(len(chunks))
-    if agreed != len(chunks):
-        chunks = length_chunks(source_lengths, target_lengths, parts=agreed)
-    if len(chunks) == 1:
-        return [inputs]
-    split = []
-    for rows in chunks:
-        index = torch.tensor(rows, device=inputs["labels"].device)
-        source_width = _round_up(max(1, *(source_lengths[i] for i in rows)), pad_to_multiple_of)
-        target_width = _round_up(max(1, *(target_lengths[i] for i in rows)), pad_to_multiple_of)
-        split.append(
-            {key: value[index, : source_width if key in SOURCE_KEYS else target_width] for key, value in inputs.items()}
-        )
-    return split
-
-
-def fewest_chunks_of_all_processes(accelerator) -> Callable[[int], int]:
-    """``split_padded_batch``'s ``agree`` for several processes: the smallest of their chunk counts (every process
-    can always run fewer, never more chunks than its batch has rows), by one all-reduce of one integer."""
-
-    def agree(count: int) -> int:
-        value = torch.tensor([count], device=accelerator.device)
-        torch.distributed.all_reduce(value, op=torch.distributed.ReduceOp.MIN)
-        return int(value.item())
-
-    return agree
-
-
 def _check_max_tokens(value):
     if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value <= 0):
         raise ValueError(f"max_tokens_per_batch={value!r} is invalid; it must be a positive integer or None.")
@@ -401,67 +310,18 @@ class TokenBatchingSeq2SeqTrainer(Seq2SeqTrainer):
     """``Seq2SeqTrainer`` whose training batches hold up to ``max_tokens_per_batch`` padded tokens per side.
 
     A drop-in replacement: the same arguments as ``Seq2SeqTrainer`` plus ``max_tokens_per_batch`` (None keeps
-    ``per_device_train_batch_size`` sentence batching) and ``length_chunks``. The bound is per process and per
-    micro-batch: with gradient accumulation and several processes, an optimizer step sees up to
-    ``max_tokens_per_batch × gradient_accumulation_steps × processes`` tokens per side. Evaluation keeps sentence
-    batches. ``per_device_train_batch_size`` then only appears in Trainer's log of its plan.
+    ``per_device_train_batch_size`` sentence batching). The bound is per process and per micro-batch: with gradient
+    accumulation and several processes, an optimizer step sees up to ``max_tokens_per_batch ×
+    gradient_accumulation_steps × processes`` tokens per side. Evaluation keeps sentence batches.
+    ``per_device_train_batch_size`` then only appears in Trainer's log of its plan.
 
     The loss of an optimizer step is the mean over all its target tokens (Trainer passes ``num_items_in_batch``,
     summed over the micro-batches and processes), so batches of different sizes weigh by their tokens.
-
-    A training batch whose sentences differ much in length (sentence batches drawn at random) is computed in chunks
-    of similar length (``split_padded_batch``), forward and backward each, before the one optimizer step: the same
-    batch and, with ``num_items_in_batch``, the same gradient, for fewer padded positions. ``length_chunks``: True or
-    False; None (default) chunks on CPU only, in float32, where it was measured to pay (docs/training.md), and not
-    batches that are already of similar length (token batches, ``train_sampling_strategy="group_by_length"``).
-    Several processes agree on each batch's number of chunks (the fewest any of them chose), so that they run the
-    same number of passes.
     """
 
-    def __init__(
-        self, *args, max_tokens_per_batch: int | None = None, length_chunks: bool | None = None, **kwargs
-    ) -> None:
+    def __init__(self, *args, max_tokens_per_batch: int | None = None, **kwargs) -> None:
         self.max_tokens_per_batch = _check_max_tokens(max_tokens_per_batch)
         super().__init__(*args, **kwargs)
-        if length_chunks is None:
-            # where a second pass costs more than the padding it saves (docs/training.md): token batches and
-            # Trainer's length groups are of similar length already, and in half precision a CPU computes a padded
-            # token so fast that the extra passes cost more than the padding
-            grouped = max_tokens_per_batch is not None or self.args.train_sampling_strategy == "group_by_length"
-            half = self.args.bf16 or self.args.fp16
-            length_chunks = self.args.device.type == "cpu" and not grouped and not half
-        self.length_chunks = bool(length_chunks)
-
-    def training_step(self, model, inputs, num_items_in_batch=None) -> torch.Tensor:
-        chunks = [inputs]
-        if self.chunks_keep_the_gradient(num_items_in_batch):
-            several = self.accelerator.num_processes > 1
-            agree = fewest_chunks_of_all_processes(self.accelerator) if several else None
-            chunks = split_padded_batch(inputs, getattr(self.data_collator, "pad_to_multiple_of", None), agree)
-        # Gradients are synchronised across processes once, after the last chunk of the micro-batch that ends the
-        # optimizer step; the Trainer already holds them back during the earlier micro-batches (no_sync), and a
-        # nested no_sync would turn FSDP2's synchronisation back on when it ends.
-        hold_back = self.accelerator.sync_gradients and len(chunks) > 1
-        loss = 0.0
-        for index, chunk in enumerate(chunks):
-            last = index == len(chunks) - 1
-            with self.accelerator.no_sync(model) if hold_back and not last else contextlib.nullcontext():
-                loss = loss + super().training_step(model, chunk, num_items_in_batch)
-        return loss
-
-    def chunks_keep_the_gradient(self, num_items_in_batch) -> bool:
-        """Whether this step may run in length chunks: asked for, and each chunk's loss is its share of the batch's,
-        i.e. its summed loss over the batch's ``num_items_in_batch``, as the model (taking ``num_items_in_batch``) or
-        LabelSmoother computes it. Not with a model that averages by itself, a custom loss function, or DeepSpeed
-        (whose backward also steps). The same answer in every process (it depends on settings only)."""
-        summed = self.model_accepts_loss_kwargs or self.label_smoother is not None
-        return (
-            self.length_chunks
-            and num_items_in_batch is not None
-            and summed
-            and self.compute_loss_func is None
-            and self.accelerator.distributed_type != DistributedType.DEEPSPEED
-        )
 
     def get_train_dataloader(self) -> DataLoader:
         """Trainer's training DataLoader; with ``max_tokens_per_batch``, its batch sampler is a `TokenBatchSampler`,
@@ -509,12 +369,9 @@ __all__ = [
     "TokenBatchSampler",
     "compare_batchings",
     "TokenBatchingSeq2SeqTrainer",
-    "fewest_chunks_of_all_processes",
-    "length_chunks",
     "pack_by_tokens",
     "padding_efficiency",
     "sentence_batches",
     "sequence_lengths",
-    "split_padded_batch",
     "split_to_multiple",
 ]

@@ -202,7 +202,6 @@ def build_trainer(
         compute_metrics=compute_metrics if args.predict_with_generate else None,
         callbacks=[ParallelismReportCallback(), CpuThreadsCallback(), *(callbacks or [])],
         max_tokens_per_batch=getattr(args, "max_tokens_per_batch", None),
-        length_chunks=getattr(args, "length_chunks", None),
         languages=languages,
     )
     add_time_budget(trainer)  # --max_train_minutes: its clock, and a progress bar in minutes
