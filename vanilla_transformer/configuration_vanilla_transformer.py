@@ -1,12 +1,12 @@
 """Configuration of the "Attention Is All You Need" Transformer (Vaswani et al., 2017). Copied into every checkpoint
 (``trust_remote_code``), so it imports only transformers and huggingface_hub (a dependency of transformers)."""
 
-import os
-import shutil
 from typing import Literal
 
 from huggingface_hub.dataclasses import strict
 from transformers import PreTrainedConfig
+
+from .pipeline_vanilla_transformer import VanillaTransformerTranslationPipeline
 
 SIZES = ("vocab_size", "decoder_vocab_size", "d_model", "encoder_layers", "decoder_layers", "encoder_attention_heads")
 SIZES += ("decoder_attention_heads", "encoder_ffn_dim", "decoder_ffn_dim", "max_position_embeddings")
@@ -17,17 +17,10 @@ HUB_AUTO_MAP = {
     "AutoModelForSeq2SeqLM": "modeling_vanilla_transformer.VanillaTransformerForConditionalGeneration",
     "AutoModelForSequenceClassification": "modeling_vanilla_transformer.VanillaTransformerForSequenceClassification",
 }
-PIPELINE = "pipeline_vanilla_transformer.VanillaTransformerTranslationPipeline"
+# The pipeline is imported here, by the file that declares it: transformers saves (and pushes) with a checkpoint's code
+# every file that code imports, so the pipeline's file travels with each checkpoint as the modeling file does.
+PIPELINE = f"pipeline_vanilla_transformer.{VanillaTransformerTranslationPipeline.__name__}"
 HUB_CUSTOM_PIPELINES = {"translation": {"impl": PIPELINE, "pt": ["AutoModelForSeq2SeqLM"], "type": "text"}}
-
-
-def save_pipeline_code(save_directory: str | os.PathLike) -> None:
-    """Copies the file of the pipeline that every config.json declares (``PIPELINE`` in ``custom_pipelines``) from
-    beside this file into a saved folder, so that the folder serves ``pipeline(..., trust_remote_code=True)``. Where
-    this file runs from a checkpoint's code that lacks it, nothing is copied."""
-    source = os.path.join(os.path.dirname(os.path.abspath(__file__)), PIPELINE.split(".")[0] + ".py")
-    if os.path.isfile(source):
-        shutil.copy(source, save_directory)  # copy, not copy2: a fresh mtime marks it modified for an upload
 
 
 @strict

@@ -30,7 +30,7 @@ from transformers.utils.deprecation import deprecate_kwarg
 from transformers.utils.generic import merge_with_config_defaults
 from transformers.utils.output_capturing import OutputRecorder, capture_outputs
 
-from .configuration_vanilla_transformer import VanillaTransformerConfig, save_pipeline_code
+from .configuration_vanilla_transformer import VanillaTransformerConfig
 from .input_checks_vanilla_transformer import check_inputs
 from .loss_vanilla_transformer import linear_cross_entropy, token_cross_entropy
 
@@ -348,16 +348,6 @@ class VanillaTransformerPreTrainedModel(PreTrainedModel):
         elif isinstance(module, nn.LayerNorm):
             init.ones_(module.weight)
             init.zeros_(module.bias)
-
-    def save_pretrained(self, save_directory, *args, **kwargs) -> None:
-        """As in transformers, plus the translation pipeline's file that config.json declares (``custom_pipelines``)."""
-        super().save_pretrained(save_directory, *args, **kwargs)
-        if kwargs.get("is_main_process", True):
-            save_pipeline_code(save_directory)
-
-    def _upload_modified_files(self, working_dir, *args, **kwargs):  # transformers 5.24 pushes a save from here,
-        save_pipeline_code(working_dir)  # before save_pretrained(push_to_hub=True) returns: the pipeline file goes too
-        return super()._upload_modified_files(working_dir, *args, **kwargs)
 
 
 class Encoder(VanillaTransformerPreTrainedModel):
