@@ -14,7 +14,7 @@ dataset) trains the `compact` preset by default, for as long as you give it (or 
     python scripts/train.py --preset base --dataset_name wmt16 --dataset_config_name de-en --source_lang de \
         --target_lang en --output_dir outputs/wmt16 --max_steps 100000 --save_steps 1000 --save_total_limit 5
 
-Several processes or GPUs (on a CPU-only machine the processes join a gloo group):
+Several processes or GPUs (on a CPU-only machine the processes join a gloo group; FSDP2 shards on GPUs only):
 
     accelerate launch --multi_gpu --num_processes 2 scripts/train.py --output_dir outputs/demo-ddp
     accelerate launch --use_fsdp --fsdp_version 2 --num_processes 2 --fsdp_auto_wrap_policy TRANSFORMER_BASED_WRAP \

@@ -1,9 +1,11 @@
 """Data for translation: the demo corpus, loading JSON lines / TSV / datasets, validation, tokenisation."""
 
+import inspect
 import json
 import os
 import re
 
+import datasets
 import pytest
 from datasets import Dataset, DatasetDict
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
@@ -238,6 +240,29 @@ def test_an_empty_source_is_refused_in_training_files_but_translated_in_evaluati
         target_lang="en",
         test_file=str(tmp_path / "no-reference.tsv"),
     )
+
+
+def test_datasets_still_starts_a_pool_for_one_process(monkeypatch):
+    """Why tokenize_splits passes num_proc=None for one process: datasets' `map(num_proc=1)` (and `filter`) asks
+    for a pool of one worker process, and replaces os.environ while it runs (when this fails, 1 can be passed on)."""
+    pools = []
+
+    class NoPool(Exception):
+        pass
+
+    def pool(processes, *args, **kwargs):
+        pools.append(processes)
+        raise NoPool
+
+    monkeypatch.setattr(datasets.arrow_dataset.mp, "Pool", pool)
+    monkeypatch.setenv("TOKENIZERS_PARALLELISM", "false")  # map sets it for its workers
+    dataset = datasets.Dataset.from_dict({"a": [1, 2, 3, 4]})
+    with pytest.raises(NoPool):
+        dataset.map(lambda batch: batch, batched=True, num_proc=1)
+    with pytest.raises(NoPool):
+        dataset.filter(lambda batch: [True] * len(batch["a"]), batched=True, num_proc=1)
+    assert pools == [1, 1]
+    assert "os.environ = prev_env" in inspect.getsource(datasets.Dataset.map)
 
 
 def test_tokenizing_in_one_process_stays_in_this_process_and_leaves_the_environment_alone():

@@ -20,7 +20,7 @@ from pathlib import Path
 import psutil
 import pytest
 import torch
-from conftest import TINY_OVERRIDES, free_port, script_env
+from conftest import ROOT, TINY_OVERRIDES, free_port, script_env
 from safetensors.torch import load_file
 
 from vanilla_transformer.training import recipe
@@ -40,10 +40,17 @@ TOKENS_ACCUMULATION = ["--max_tokens_per_batch", "1024", "--gradient_accumulatio
 WRAP_LAYERS = '{"transformer_layer_cls_to_wrap": ["EncoderLayer", "DecoderLayer"]}'
 TRANSFORMERS_FSDP = ["--fsdp", "full_shard auto_wrap", "--fsdp_config", WRAP_LAYERS]
 
-# Runs train.py's recipe. MISMATCH=1 makes process 1 run its first training step twice, a pass the other process does
-# not run: FSDP2's gathers stop matching.
-LAUNCHER = """
-import json, os, sys
+# Runs train.py's recipe, with FSDP2 on these CPU processes through the test setup (fsdp_on_cpu.py). MISMATCH=1 makes
+# process 1 run its first training step twice, a pass the other process does not run: FSDP2's gathers stop matching.
+LAUNCHER = (
+    f"""
+import sys
+sys.path.insert(0, {str(ROOT / "tests")!r})
+import fsdp_on_cpu
+fsdp_on_cpu.enable()
+"""
+    + """
+import json, os
 import torch
 
 from vanilla_transformer.training import recipe
@@ -66,6 +73,7 @@ for task in os.listdir("/proc/self/task"):
 with open(os.path.join(sys.argv[1], f"group-{os.environ.get('RANK', '0')}.json"), "w") as f:
     json.dump({"initialized": torch.distributed.is_initialized(), "gloo worker threads": workers}, f)
 """
+)
 
 
 @dataclass

@@ -7,9 +7,10 @@ import subprocess
 import sys
 from types import SimpleNamespace
 
+import fsdp_on_cpu
 import pytest
 import torch
-from conftest import TINY_OVERRIDES, free_port, script_env
+from conftest import ROOT, TINY_OVERRIDES, free_port, script_env
 from safetensors.torch import load_file
 
 from vanilla_transformer.training import recipe
@@ -31,10 +32,17 @@ TRANSFORMERS_FSDP = [
     '{"transformer_layer_cls_to_wrap": ["EncoderLayer", "DecoderLayer"], "cpu_ram_efficient_loading": true}',
 ]
 
-# Records, on rank 0, the weights gathered from the shards when training ends; with a step number as argv[3], ends
-# both processes abruptly right after that checkpoint is written, as a kill would.
-LAUNCHER = """
+# Records, on rank 0, the weights gathered from the shards when training ends; with a step number as argv[2], ends
+# both processes abruptly right after that checkpoint is written, as a kill would. FSDP2 runs on these CPU processes
+# through the test setup (fsdp_on_cpu.py).
+LAUNCHER = (
+    f"""
 import os, sys
+sys.path.insert(0, {str(ROOT / "tests")!r})
+import fsdp_on_cpu
+fsdp_on_cpu.enable()
+"""
+    + """
 import torch
 from transformers import TrainerCallback
 
@@ -59,6 +67,7 @@ class Watch(TrainerCallback):
 
 recipe.main(sys.argv[3:], callbacks=[Watch(sys.argv[1], int(sys.argv[2]))])
 """
+)
 
 
 def train_args(output_dir, tokenizer: str) -> list[str]:
@@ -240,22 +249,25 @@ def test_gradient_checkpointing_and_rank0_loading_under_fsdp_with_transformers_f
     assert_same_weights(load_file(str(tmp_path / "out" / "model.safetensors")), gathered)
 
 
-def test_fsdp1_on_cpu_processes_is_refused_in_one_line(tmp_path, tokenizer, monkeypatch):
-    # what `accelerate launch --use_fsdp` sets without --fsdp_version (Accelerate's default is FSDP1)
+@pytest.mark.parametrize("version", ["1", "2"])
+def test_fsdp_on_cpu_processes_is_refused_in_one_line(tmp_path, tokenizer, monkeypatch, version):
+    # what `accelerate launch --use_fsdp` sets (Accelerate's default --fsdp_version is 1)
     monkeypatch.setenv("ACCELERATE_USE_FSDP", "true")
-    monkeypatch.setenv("FSDP_VERSION", "1")
+    monkeypatch.setenv("FSDP_VERSION", version)
     with pytest.raises(SystemExit) as info:
         recipe.main(train_args(tmp_path / "out", tokenizer))
     assert str(info.value.code) == (
-        "train.py: error: FSDP version 1 cannot run on CPU processes; use FSDP2: `accelerate launch --use_fsdp "
-        "--fsdp_version 2 ...`, or --fsdp with --fsdp_config '{\"version\": 2, ...}'."
+        f"train.py: error: FSDP (version {version}) cannot run on CPU processes: Accelerate turns it on for "
+        "accelerators only and would train them with plain DDP; launch them with `accelerate launch --multi_gpu` "
+        "(DDP), or shard on GPUs."
     )
 
 
 @pytest.mark.parametrize(
     "settings, message",
     [
-        ({"fsdp": "full_shard auto_wrap", "fsdp_config": {"version": 1}}, "FSDP version 1 cannot run on CPU"),
+        ({"fsdp": "full_shard auto_wrap", "fsdp_config": {"version": 1}}, r"FSDP \(version 1\) cannot run on CPU"),
+        ({"fsdp": "full_shard auto_wrap", "fsdp_config": {"version": 2}}, r"FSDP \(version 2\) cannot run on CPU"),
         ({"deepspeed": "ds_config.json"}, "DeepSpeed cannot run on CPU processes"),
     ],
 )
@@ -269,3 +281,46 @@ def test_sharding_that_cannot_run_on_cpu_processes_is_refused(settings, message,
     with pytest.raises(ValueError, match=message):
         check_parallelism_can_run(args)
     check_parallelism_can_run(SimpleNamespace(fsdp_plugin_args=None, deepspeed=None))  # nothing asked: nothing said
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# The test setup's FSDP2 on CPU processes (fsdp_on_cpu.py)
+# --------------------------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def cpu_processes_asked_for_fsdp(monkeypatch, one_process_group, reset_accelerate):
+    """An Accelerator of CPU processes launched with `--use_fsdp --fsdp_version 2` (one process here)."""
+    from accelerate import Accelerator
+
+    for name, value in (("ACCELERATE_USE_CPU", "true"), ("ACCELERATE_USE_FSDP", "true"), ("FSDP_VERSION", "2")):
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")  # else Accelerate sets the threads of MULTI_CPU processes
+    return Accelerator()
+
+
+def test_accelerate_still_drops_fsdp_on_cpu_processes(cpu_processes_asked_for_fsdp):
+    """fsdp_on_cpu: CPU processes in a gloo group that asked for FSDP get plain data parallelism from Accelerate (what
+    the toolkit refuses, and what the test setup undoes)."""
+    from accelerate.utils import DistributedType
+
+    state = cpu_processes_asked_for_fsdp.state
+    assert state.backend == "gloo"
+    assert state.distributed_type == DistributedType.MULTI_CPU
+    assert getattr(state, "fsdp_plugin", None) is None
+
+
+def test_the_fsdp_type_holds_only_through_accelerates_shared_state(cpu_processes_asked_for_fsdp):
+    """fsdp_on_cpu: a later AcceleratorState() copies PartialState's private `_shared_state` over its own
+    type (so setting the state's type alone does not hold), and the workaround makes FSDP2 hold."""
+    from accelerate.state import AcceleratorState, PartialState
+    from accelerate.utils import DistributedType
+
+    accelerator = cpu_processes_asked_for_fsdp
+    assert PartialState._shared_state["distributed_type"] == DistributedType.MULTI_CPU
+    accelerator.state.distributed_type = DistributedType.FSDP
+    assert AcceleratorState().distributed_type == DistributedType.MULTI_CPU
+    args = SimpleNamespace(fsdp_plugin_args=None, deepspeed=None)  # FSDP asked for by the launch's environment
+    assert fsdp_on_cpu.enable_fsdp_on_cpu(accelerator, args)
+    assert AcceleratorState().distributed_type == DistributedType.FSDP
+    assert accelerator.is_fsdp2 and accelerator.state.fsdp_plugin.fsdp_version == 2

@@ -2,11 +2,13 @@
 resuming, data parallel training with Accelerate, and one-line errors before any training."""
 
 import dataclasses
+import inspect
 import json
 import os
 import re
 import subprocess
 import sys
+from types import SimpleNamespace
 
 import pytest
 import sacrebleu
@@ -23,6 +25,7 @@ from transformers import (
     PreTrainedTokenizerFast,
     Seq2SeqTrainingArguments,
     TrainerCallback,
+    TrainingArguments,
 )
 from transformers.testing_utils import CaptureLogger
 from transformers.trainer_utils import sort_checkpoints
@@ -32,7 +35,7 @@ from vanilla_transformer import VanillaTransformerConfig, VanillaTransformerForC
 from vanilla_transformer.inference.score import score
 from vanilla_transformer.inference.translate import translate
 from vanilla_transformer.training import recipe
-from vanilla_transformer.training.arguments import implied_defaults
+from vanilla_transformer.training.arguments import TranslationTrainingArguments, implied_defaults
 from vanilla_transformer.training.checkpoints import load_weights, save_averaged_model
 from vanilla_transformer.training.data import demo_corpus, tokenize_splits
 from vanilla_transformer.training.presets import PRESETS, build_config, default_generation_config
@@ -211,11 +214,30 @@ def test_bf16_without_an_accelerator_runs_on_the_cpu(tmp_path, monkeypatch):
     assert "use_cpu" not in implied_defaults({"bf16"}, {"bf16": True}, accelerator_available=True)
 
 
+@pytest.mark.skipif(torch.accelerator.is_available(), reason="the limit is that of a machine without accelerators")
+def test_a_launched_process_without_accelerators_is_told_to_use_the_cpu(monkeypatch):
+    """Accelerate gives a process of a 2-process launch without accelerators no backend (DistributedType.NO: each
+    process would train alone, on all the data) unless it is told to use the CPU (then gloo, MULTI_CPU): so the
+    recipe's default is --use_cpu there. (`_prepare_backend` decides it without starting a group, which would wait
+    for the other process; tests/test_training.py's two-process launch checks the group end to end.)"""
+    from accelerate.state import PartialState
+    from accelerate.utils import DistributedType
+
+    for name, value in (("MASTER_ADDR", "127.0.0.1"), ("MASTER_PORT", str(free_port())), ("RANK", "0")):
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    state = SimpleNamespace()  # _prepare_backend reads nothing of its state
+    assert PartialState._prepare_backend(state, cpu=False) == (None, DistributedType.NO)
+    assert PartialState._prepare_backend(state, cpu=True) == ("gloo", DistributedType.MULTI_CPU)
+    assert "PartialState(**accelerator_state_kwargs)" in inspect.getsource(TrainingArguments._setup_devices.func)
+    assert 'accelerator_state_kwargs["cpu"] = True' in inspect.getsource(TrainingArguments._setup_devices.func)
+
+
 def test_compact_trains_in_bf16_alone_on_a_cpu_that_multiplies_bf16(tmp_path, monkeypatch):
     """The compact preset (your own data) turns bf16 autocast on where the CPU multiplies bf16 in hardware, train.py
     runs as one process and there is no accelerator, with the batch and learning rate measured for it; a --bf16, --fp16
     or --use_cpu flag given wins (and keeps the preset's plain batch and learning rate); other presets, several
-    processes and CPUs without the feature keep float32."""
+    processes (which are told to use the CPU) and CPUs without the feature keep float32."""
     monkeypatch.setattr(torch.accelerator, "is_available", lambda: False)
     monkeypatch.setattr(recipe, "native_bf16_matmul", lambda: "amx_bf16")
     monkeypatch.delenv("WORLD_SIZE", raising=False)
@@ -254,7 +276,9 @@ def test_compact_trains_in_bf16_alone_on_a_cpu_that_multiplies_bf16(tmp_path, mo
     monkeypatch.setattr(recipe, "native_bf16_matmul", lambda: "avx512_bf16")  # without AMX: the same recipe
     assert precision(own_data) == (True, True) and batch(own_data) == (1024, 1.5e-3)
     monkeypatch.setenv("WORLD_SIZE", "2")
-    assert precision(own_data) == (False, False)
+    # a launched process: its arguments would join the other processes' group; here they only say what they ask for
+    monkeypatch.setattr(TranslationTrainingArguments, "_setup_devices", property(lambda self: torch.device("cpu")))
+    assert precision(own_data) == (False, True)  # float32, on the CPU: --use_cpu makes the processes one gloo group
     assert batch(own_data) == plain_batch
     monkeypatch.delenv("WORLD_SIZE")
     monkeypatch.setattr(recipe, "native_bf16_matmul", lambda: None)

@@ -24,7 +24,7 @@ import pytest
 import torch
 import transformers
 from accelerate.data_loader import BatchSamplerShard, prepare_data_loader, skip_first_batches
-from conftest import free_port, tiny_model
+from conftest import LAUNCH_ENV, free_port, tiny_model
 from torch.utils.data import DataLoader
 from transformers import Seq2SeqTrainer, Trainer, TrainerCallback, TrainingArguments
 
@@ -32,9 +32,6 @@ from vanilla_transformer.training.batching import TokenBatchSampler
 from vanilla_transformer.training.sharding import tied_names
 from vanilla_transformer.training.workarounds import (
     accelerate_batch_sampler_shard,
-    accelerate_fsdp_on_cpu,
-    accelerate_launch_without_gpus,
-    datasets_single_process_map,
     torch_cpu_bf16_flash_attention,
     torch_cpu_bf16_kernel_caches,
     torch_fsdp_aliased_module_load,
@@ -43,32 +40,6 @@ from vanilla_transformer.training.workarounds import (
     transformers_resume_past_the_end,
     transformers_tied_names_missing_on_resume,
 )
-
-LAUNCH_ENV = ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE")
-
-
-@pytest.fixture
-def one_process_group(monkeypatch):
-    """A gloo process group of one process, in this process, as `accelerate launch` would set it up."""
-    for name, value in zip(LAUNCH_ENV, ("127.0.0.1", str(free_port()), "0", "1", "0", "1")):
-        monkeypatch.setenv(name, value)
-    torch.distributed.init_process_group("gloo", rank=0, world_size=1)
-    try:
-        yield
-    finally:
-        torch.distributed.destroy_process_group()
-
-
-@pytest.fixture
-def reset_accelerate():
-    """Accelerate's process-wide state, reset before and after the test."""
-    from accelerate.state import AcceleratorState
-
-    AcceleratorState._reset_state(reset_partial_state=True)
-    try:
-        yield
-    finally:
-        AcceleratorState._reset_state(reset_partial_state=True)
 
 
 def sharded_tiny_model() -> torch.nn.Module:
@@ -124,111 +95,6 @@ def test_the_trainer_deals_out_token_batches_and_a_resume_sets_their_epoch(tmp_p
     assert sampler.epoch == 7
     # one process: no wrapper, nothing to forward
     assert not accelerate_batch_sampler_shard.forward_set_epoch(DataLoader([0], batch_sampler=sampler))
-
-
-# --------------------------------------------------------------------------------------------------------------------
-# accelerate_fsdp_on_cpu
-# --------------------------------------------------------------------------------------------------------------------
-
-
-@pytest.fixture
-def cpu_processes_asked_for_fsdp(monkeypatch, one_process_group, reset_accelerate):
-    """An Accelerator of CPU processes launched with `--use_fsdp --fsdp_version 2` (one process here)."""
-    from accelerate import Accelerator
-
-    for name, value in (("ACCELERATE_USE_CPU", "true"), ("ACCELERATE_USE_FSDP", "true"), ("FSDP_VERSION", "2")):
-        monkeypatch.setenv(name, value)
-    monkeypatch.setenv("OMP_NUM_THREADS", "1")  # else Accelerate sets the threads of MULTI_CPU processes
-    return Accelerator()
-
-
-def test_accelerate_still_drops_fsdp_on_cpu_processes(cpu_processes_asked_for_fsdp):
-    """accelerate_fsdp_on_cpu: CPU processes in a gloo group that asked for FSDP get plain data parallelism."""
-    from accelerate.utils import DistributedType
-
-    state = cpu_processes_asked_for_fsdp.state
-    assert state.backend == "gloo"
-    assert state.distributed_type == DistributedType.MULTI_CPU
-    assert getattr(state, "fsdp_plugin", None) is None
-
-
-def test_the_fsdp_type_holds_only_through_accelerates_shared_state(cpu_processes_asked_for_fsdp):
-    """accelerate_fsdp_on_cpu: a later AcceleratorState() copies PartialState's private `_shared_state` over its own
-    type (so setting the state's type alone does not hold), and the workaround makes FSDP2 hold."""
-    from accelerate.state import AcceleratorState, PartialState
-    from accelerate.utils import DistributedType
-
-    accelerator = cpu_processes_asked_for_fsdp
-    assert PartialState._shared_state["distributed_type"] == DistributedType.MULTI_CPU
-    accelerator.state.distributed_type = DistributedType.FSDP
-    assert AcceleratorState().distributed_type == DistributedType.MULTI_CPU
-    args = SimpleNamespace(fsdp_plugin_args=None, deepspeed=None)  # FSDP asked for by the launch's environment
-    assert accelerate_fsdp_on_cpu.enable_fsdp_on_cpu(accelerator, args)
-    assert AcceleratorState().distributed_type == DistributedType.FSDP
-    assert accelerator.is_fsdp2 and accelerator.state.fsdp_plugin.fsdp_version == 2
-
-
-# --------------------------------------------------------------------------------------------------------------------
-# accelerate_launch_without_gpus
-# --------------------------------------------------------------------------------------------------------------------
-
-
-@pytest.mark.skipif(torch.accelerator.is_available(), reason="the limit is that of a machine without accelerators")
-def test_accelerate_still_leaves_a_launched_process_alone_without_gpus(monkeypatch):
-    """accelerate_launch_without_gpus: for a process of a 2-process launch without accelerators, Accelerate's
-    PartialState finds no backend (each process a single process, DistributedType.NO) unless it is told to use the
-    CPU (then gloo, MULTI_CPU); the workaround tells it through ACCELERATE_USE_CPU, which Accelerate and transformers
-    read. (`_prepare_backend` decides it without starting a group, which would wait for the other process.)"""
-    from accelerate.state import AcceleratorState, PartialState
-    from accelerate.utils import DistributedType
-
-    for name, value in zip(LAUNCH_ENV, ("127.0.0.1", str(free_port()), "0", "2", "0", "2")):
-        monkeypatch.setenv(name, value)
-    # set, then removed: monkeypatch then removes again, at the end, what the workaround sets (a bare delenv of an
-    # unset variable records nothing, and ACCELERATE_USE_CPU=true would reach every later test of the process)
-    monkeypatch.setenv("ACCELERATE_USE_CPU", "false")
-    monkeypatch.delenv("ACCELERATE_USE_CPU")
-    state = SimpleNamespace()  # _prepare_backend reads nothing of its state
-    assert PartialState._prepare_backend(state, cpu=False) == (None, DistributedType.NO)
-    assert PartialState._prepare_backend(state, cpu=True) == ("gloo", DistributedType.MULTI_CPU)
-    assert accelerate_launch_without_gpus.use_cpu_if_no_accelerator()
-    assert os.environ["ACCELERATE_USE_CPU"] == "true"
-    assert 'parse_flag_from_env("ACCELERATE_USE_CPU")' in inspect.getsource(AcceleratorState.__init__)
-    assert 'os.environ.get("ACCELERATE_USE_CPU"' in inspect.getsource(TrainingArguments._setup_devices.func)
-
-
-# --------------------------------------------------------------------------------------------------------------------
-# datasets_single_process_map
-# --------------------------------------------------------------------------------------------------------------------
-
-
-def test_datasets_still_starts_a_pool_for_one_process(monkeypatch):
-    """datasets_single_process_map: `map(num_proc=1)` (and `filter`) asks for a pool of one worker process, and
-    replaces os.environ while it runs; the workaround's num_proc runs in this process."""
-    pools = []
-
-    class NoPool(Exception):
-        pass
-
-    def pool(processes, *args, **kwargs):
-        pools.append(processes)
-        raise NoPool
-
-    monkeypatch.setattr(datasets.arrow_dataset.mp, "Pool", pool)
-    monkeypatch.setenv("TOKENIZERS_PARALLELISM", "false")  # map sets it for its workers
-    dataset = datasets.Dataset.from_dict({"a": [1, 2, 3, 4]})
-    with pytest.raises(NoPool):
-        dataset.map(lambda batch: batch, batched=True, num_proc=1)
-    with pytest.raises(NoPool):
-        dataset.filter(lambda batch: [True] * len(batch["a"]), batched=True, num_proc=1)
-    assert pools == [1, 1]
-    assert "os.environ = prev_env" in inspect.getsource(datasets.Dataset.map)
-
-    num_proc = datasets_single_process_map.map_num_proc(1)
-    assert num_proc is None
-    assert dataset.map(lambda batch: {"b": batch["a"]}, batched=True, num_proc=num_proc)["b"] == [1, 2, 3, 4]
-    assert pools == [1, 1]
-    assert datasets_single_process_map.map_num_proc(2) == 2
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -553,13 +419,13 @@ def test_the_trainer_methods_the_workarounds_override_still_exist(name):
 
 
 def test_the_private_trainer_and_datasets_api_the_toolkit_reuses_still_exists():
-    """Not workarounds, but private API outside them: token batching (batching.py) builds its DataLoader with
-    Trainer's column helpers and marks a scheduler it made as Trainer does; the tokenised splits' cache keys
-    (data.py) use a dataset's `_fingerprint`."""
-    assert list(inspect.signature(Trainer._remove_unused_columns).parameters) == ["self", "dataset", "description"]
-    collator_helper = inspect.signature(Trainer._get_collator_with_removed_columns).parameters
-    assert list(collator_helper) == ["self", "data_collator", "description"]
-    assert "self._created_lr_scheduler = True" in inspect.getsource(Trainer.create_scheduler)
-    assert "if self._created_lr_scheduler:" in inspect.getsource(Trainer._prepare_for_training)
+    """Not workarounds, but private API read outside them: token batching (batching.py) builds its DataLoader with
+    Trainer's `_get_dataloader`, which hands a rank-aware batch sampler to the DataLoader; the tokenised splits' cache
+    keys (data.py) use a dataset's `_fingerprint`."""
+    parameters = list(inspect.signature(Trainer._get_dataloader).parameters)
+    assert parameters[:6] == ["self", "dataset", "description", "batch_size", "sampler_fn", "is_training"]
+    assert "get_train_dataloader" in dir(Trainer) and "self._get_dataloader(" in inspect.getsource(
+        Trainer.get_train_dataloader
+    )
     dataset = datasets.Dataset.from_dict({"a": [1]})
     assert isinstance(dataset._fingerprint, str) and dataset._fingerprint != dataset.map(lambda row: row)._fingerprint

@@ -20,8 +20,6 @@ from datasets import Dataset, DatasetDict
 from datasets.exceptions import DatasetGenerationError
 from datasets.fingerprint import Hasher
 
-from .workarounds import datasets_single_process_map
-
 DEMO_SOURCE_LANG = "de"
 DEMO_TARGET_LANG = "en"
 SPLITS = ("train", "validation", "test")
@@ -526,7 +524,8 @@ def tokenize_splits(
             for source, target in zip(batch["input_ids"], batch["labels"])
         ]
 
-    num_proc = datasets_single_process_map.map_num_proc(num_proc)  # one process: this one, not a pool of one
+    # one process: this one (None); datasets' map(num_proc=1) starts a pool of one worker and replaces os.environ
+    num_proc = num_proc if num_proc is not None and num_proc > 1 else None
     tokenizer_hash = tokenizer_fingerprint(tokenizer)
     tokenized = DatasetDict()
     for split, dataset in raw.items():

@@ -40,11 +40,7 @@ from .sharding import describe_parallelism
 from .time_budget import cap_steps, describe_budget, describe_stop, steps_trained
 from .tokenizer import check_tokenizer_matches_config, iterate_texts, train_tokenizer
 from .trainer import build_trainer
-from .workarounds import (
-    accelerate_launch_without_gpus,
-    torch_cpu_bf16_flash_attention,
-    torch_cpu_bf16_kernel_caches,
-)
+from .workarounds import torch_cpu_bf16_flash_attention, torch_cpu_bf16_kernel_caches
 
 logger = logging.getLogger("train")
 
@@ -170,6 +166,10 @@ def parse_arguments(
         defaults.update(do_train=True, do_eval=True, do_predict=True)
     if not torch.accelerator.is_available():
         defaults["dataloader_pin_memory"] = False  # pinned memory only helps copies to an accelerator
+        if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+            # `accelerate launch --multi_gpu` without GPUs: told to use the CPU, the processes join a gloo group;
+            # else Accelerate finds no GPU backend and each trains alone, on all the data
+            defaults["use_cpu"] = True
 
     # what the given flags imply (--save_steps: save by steps; --bf16 without an accelerator: on the CPU) wins over
     # the preset; read from the values as parsed, before TrainingArguments checks them
@@ -489,7 +489,6 @@ def main(argv: list[str] | None = None, callbacks=None, model_builder=None) -> d
     """scripts/train.py: parse `argv` (default: the command line), `run` the recipe, return its metrics; a bad
     argument or bad data ends it with one line, `train.py: error: ...`."""
     argv = sys.argv[1:] if argv is None else list(argv)
-    accelerate_launch_without_gpus.use_cpu_if_no_accelerator()
     try:
         model_args, data_args, training_args, auto_do = parse_arguments(argv)
     except ValueError as error:  # a value the training arguments refuse, e.g. --max_train_minutes 0

@@ -1,13 +1,11 @@
-"""Sharded training on CPU processes, and saying which parallelism a run uses.
+"""Which parallelism a run uses, and what cannot run where.
 
-`accelerate launch --use_fsdp` (or transformers' `--fsdp` flags) shards the model on GPUs. On a machine without an
-accelerator the launched processes join a gloo group, but Accelerate only turns FSDP on for accelerator devices: its
-state stays MULTI_CPU (plain data parallelism), the FSDP plugin is dropped, and the run trains and saves a checkpoint
-without any sign that the sharding flags were ignored. PyTorch's FSDP2 (`fully_shard`) itself runs on CPU tensors over
-gloo, so `workarounds.accelerate_fsdp_on_cpu` puts the plugin back, after which Accelerate's and the Trainer's usual
-FSDP2 paths apply (auto-wrap, full-state-dict saving, sharded optimizer state in checkpoints). `describe_parallelism`
-reads the Accelerate state after set-up, and `ParallelismReportCallback` counts the modules that FSDP actually
-wrapped.
+`accelerate launch --use_fsdp` (or transformers' `--fsdp` flags) shards the model on GPUs; on CPU processes Accelerate
+turns FSDP off (it keeps it for accelerators) and would train them with plain data parallelism without a word, so
+`check_parallelism_can_run` refuses it there, as it refuses DeepSpeed: CPU processes train with DDP (`accelerate
+launch --multi_gpu`). The tests run the FSDP2 paths on CPU processes all the same, with a test-only patch
+(tests/fsdp_on_cpu.py). `describe_parallelism` reads the Accelerate state after set-up, and
+`ParallelismReportCallback` counts the modules that FSDP actually wrapped.
 """
 
 from __future__ import annotations
@@ -37,23 +35,24 @@ def requested_fsdp_version(args: TrainingArguments) -> int | None:
 def check_parallelism_can_run(args: TrainingArguments) -> None:
     """Refuse, before Accelerate is set up, sharding that cannot run on CPU processes, instead of training without it:
 
-    - FSDP1 (Accelerate's default `--fsdp_version`): its plugin looks for a GPU and fails with "There are currently
-      no available devices found". FSDP2 runs there.
+    - FSDP (`accelerate launch --use_fsdp`, transformers' `--fsdp`): Accelerate turns it on for accelerators only, so
+      CPU processes would train with plain DDP (FSDP1's plugin even looks for a GPU and fails). FSDP shards a model
+      whose weights, gradients and Adam state do not fit one device; CPU processes train with DDP.
     - DeepSpeed (`--deepspeed`, `accelerate launch --use_deepspeed`): Accelerate turns it on only off the CPU, so the
       processes would train with plain DDP; with the CPU left out of their set-up, DeepSpeed's CPU accelerator
       counts 2 ranks where Accelerate counts 1 and stops on its batch-size check."""
     if torch.accelerator.is_available():
         return
     version = requested_fsdp_version(args)
-    if version is not None and version != 2:
+    if version is not None:
         raise ValueError(
-            f"FSDP version {version} cannot run on CPU processes; use FSDP2: `accelerate launch --use_fsdp "
-            "--fsdp_version 2 ...`, or --fsdp with --fsdp_config '{\"version\": 2, ...}'."
+            f"FSDP (version {version}) cannot run on CPU processes: Accelerate turns it on for accelerators only and "
+            "would train them with plain DDP; launch them with `accelerate launch --multi_gpu` (DDP), or shard on GPUs."
         )
     if getattr(args, "deepspeed", None) or os.environ.get("ACCELERATE_USE_DEEPSPEED", "false").lower() == "true":
         raise ValueError(
             "DeepSpeed cannot run on CPU processes (Accelerate turns it on only on GPUs, and they would train with "
-            "plain DDP); shard with FSDP2 instead (`accelerate launch --use_fsdp --fsdp_version 2 ...`)."
+            "plain DDP); launch them with `accelerate launch --multi_gpu` (DDP), or shard on GPUs."
         )
 
 

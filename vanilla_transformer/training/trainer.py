@@ -26,7 +26,7 @@ from .cpu import CpuThreadsCallback
 from .data import sentence_pairs
 from .sharding import ParallelismReportCallback, check_parallelism_can_run
 from .time_budget import BudgetSchedule, add_time_budget
-from .workarounds import accelerate_fsdp_on_cpu, torch_gloo_group_teardown
+from .workarounds import torch_gloo_group_teardown
 from .workarounds.overrides import TrainerOverrides
 
 TOKEN_COLUMNS = ("input_ids", "attention_mask", "labels")
@@ -43,9 +43,9 @@ class TranslationCollator(DataCollatorForSeq2Seq):
 
 
 class TranslationTrainer(TrainerOverrides, BudgetSchedule, TokenBatchingSeq2SeqTrainer):
-    """The trainer train.py uses: token batching (TokenBatchingSeq2SeqTrainer), FSDP on CPU processes when the
-    launch asked for it (`workarounds.accelerate_fsdp_on_cpu`: Accelerate alone would train them with plain data
-    parallelism), and label smoothing computed by the model. The private methods it overrides each call a workaround
+    """The trainer train.py uses: token batching (TokenBatchingSeq2SeqTrainer), a time budget (time_budget
+    .BudgetSchedule), sharding that cannot run where it was asked for refused in one line, and label smoothing
+    computed by the model. The private methods it overrides each call a workaround
     for a limit of transformers or PyTorch; they sit in `workarounds.overrides.TrainerOverrides`.
 
     With ``label_smoothing_factor``, a model whose ``forward`` takes ``smoothing`` (ours) computes the smoothed
@@ -165,9 +165,8 @@ class TranslationTrainer(TrainerOverrides, BudgetSchedule, TokenBatchingSeq2SeqT
             self.label_smoother = smoother
 
     def create_accelerator_and_postprocess(self) -> None:
-        check_parallelism_can_run(self.args)
+        check_parallelism_can_run(self.args)  # FSDP and DeepSpeed on CPU processes: one line, before any set-up
         super().create_accelerator_and_postprocess()
-        accelerate_fsdp_on_cpu.enable_in_trainer(self)
 
 
 def build_trainer(

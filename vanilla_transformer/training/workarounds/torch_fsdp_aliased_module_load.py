@@ -8,8 +8,8 @@ FULL_STATE_DICT calls `set_model_state_dict(..., full_state_dict=True, broadcast
 embedding is the module `model.shared`), but PyTorch's loader visits each module once, and its broadcast fails with a
 KeyError on the first such name; without those names, a strict load misses them.
 
-The workaround (`load_in_trainer`, in `TranslationTrainer._load_from_checkpoint`): `load_full_state_dict_checkpoint`
-does what `load_fsdp_model` does, less those names, and checks the others itself.
+The workaround (`load_in_trainer`, in `overrides.TrainerOverrides._load_from_checkpoint`):
+`load_full_state_dict_checkpoint` does what `load_fsdp_model` does, less those names, and checks the others itself.
 
 It can go when PyTorch loads a full state dict with the alias names: tests/test_workarounds.py's
 `test_fsdp_still_fails_to_load_a_full_state_dict_with_module_aliases` then fails. It must change when

@@ -8,8 +8,8 @@ trust_remote_code model (`custom_object_save`) names the class's module in confi
 module's source files, so a checkpoint saved under FSDP would point `AutoModelForSeq2SeqLM` at
 `_fsdp_init.FSDP...` and carry PyTorch's FSDP sources instead of the model's.
 
-The workaround (`model_class_unwrapped`, around `Trainer._save` in `TranslationTrainer._save`): while saving, the
-model has its own class back (it assigns `model.__class__`).
+The workaround (`model_class_unwrapped`, around `Trainer._save` in `overrides.TrainerOverrides._save`): while saving,
+the model has its own class back (it assigns `model.__class__`).
 
 It can go when `fully_shard` keeps the class, or when transformers saves the code of the class under it:
 tests/test_workarounds.py's `test_fully_shard_still_saves_its_own_class_in_the_auto_map` then fails.

@@ -7,7 +7,7 @@ Trainer's FULL_STATE_DICT save gather on rank 0) holds every name of a tied weig
 (`lm_head.weight`, `model.shared.weight` and both `embed_tokens.weight`), and `save_pretrained`, which finds ties by
 shared storage, would store the weight under every name.
 
-The workaround (`share_tied_tensors`, in `TranslationTrainer._save`): the tied names of the gathered state dict
+The workaround (`share_tied_tensors`, in `overrides.TrainerOverrides._save`): the tied names of the gathered state dict
 become one tensor again, so that the checkpoint stores the shared weight once, as a single-process save does.
 
 It can go when the gathered state dict keeps tied names as one tensor: tests/test_workarounds.py's

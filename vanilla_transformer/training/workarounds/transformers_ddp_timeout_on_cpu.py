@@ -3,11 +3,11 @@
 Written for transformers 5.24.0 (installed).
 
 ``TrainingArguments._setup_devices`` (transformers 5.24) gives Accelerate's ``PartialState`` the process-group timeout
-(``ddp_timeout``) only for accelerator devices; with ``use_cpu`` or ``ACCELERATE_USE_CPU`` (every CPU launch, see
-``workarounds.accelerate_launch_without_gpus``) the gloo group gets torch's default of 30 minutes. Processes that stop
-agreeing then wait half an hour instead of failing with an error. ``init_cpu_process_group`` starts the group itself,
-with the timeout, before transformers sets the devices up (``TranslationTrainingArguments._setup_devices``);
-Accelerate then finds it started and uses it.
+(``ddp_timeout``) only for accelerator devices; with ``use_cpu`` or ``ACCELERATE_USE_CPU`` (every CPU launch: the recipe
+gives a launched process without an accelerator ``--use_cpu``) the gloo group gets torch's default of 30 minutes.
+Processes that stop agreeing then wait half an hour instead of failing with an error. ``init_cpu_process_group`` starts
+the group itself, with the timeout, before transformers sets the devices up
+(``workarounds.overrides.TrainingArgumentsOverrides._setup_devices``); Accelerate then finds it started and uses it.
 
 It can go when transformers passes the timeout on CPU too: tests/test_workarounds.py's
 ``test_transformers_still_drops_the_process_group_timeout_on_cpu`` then fails (and

@@ -7,8 +7,8 @@ The limit: `Trainer._inner_training_loop` enters its epoch loop, and `_run_epoch
 spent time budget), the Trainer trains one step more than the run it continues, which moved the demo's weights by up
 to 1e-3 (tests/test_resume_kill.py fails without the workaround).
 
-The workaround (`stop_if_finished`, called first in `TranslationTrainer._run_epoch`): a run that is finished trains
-nothing and stops.
+The workaround (`stop_if_finished`, called first in `overrides.TrainerOverrides._run_epoch`): a run that is finished
+trains nothing and stops.
 
 It can go when a plain Trainer resumed from its final checkpoint trains no step: tests/test_workarounds.py's
 `test_transformers_still_trains_past_the_end_of_a_resumed_run` then fails. It must change when `_run_epoch` is renamed

@@ -7,8 +7,8 @@ result names as missing every name that the checkpoint stores once (the shared e
 and decoder, the tied `lm_head`), and `Trainer._issue_warnings_after_load` warns about them all (it forgives only
 `_keys_to_ignore_on_save`), although they were loaded under the name they alias.
 
-The workaround (`drop_loaded_tied_names`, called in `TranslationTrainer._issue_warnings_after_load`): a tied name is
-missing only when the name it aliases is missing too.
+The workaround (`drop_loaded_tied_names`, called in `overrides.TrainerOverrides._issue_warnings_after_load`): a tied
+name is missing only when the name it aliases is missing too.
 
 It can go when the Trainer no longer warns about tied names: tests/test_workarounds.py's
 `test_transformers_still_warns_about_tied_names_on_resume` then fails.
