@@ -1,12 +1,14 @@
 """The scorer of evaluation, translate.py and the benchmarks (inference.score): sacreBLEU and chrF as the sacrebleu
 package computes them, and exact match; and the output limit of every translation (inference.translate)."""
 
+import numpy as np
 import pytest
 import sacrebleu
-from transformers import GenerationConfig
+from transformers import EvalPrediction, GenerationConfig
 
-from vanilla_transformer.inference.score import score, signatures
+from vanilla_transformer.inference.score import make_compute_metrics, score, signatures
 from vanilla_transformer.inference.translate import output_limit
+from vanilla_transformer.training.tokenizer import train_tokenizer
 
 HYPOTHESES = ["three hundred forty-two", "the cat sat on a mat", "one thousand one hundred", "seven"]
 REFERENCES = ["three hundred forty-two", "the cat sat on the mat", "one thousand one", "seventeen"]
@@ -35,3 +37,16 @@ def test_the_output_limit_is_the_input_length_plus_50_unless_given():
     assert output_limit(7, config, max_length=30) == {"max_length": 30, "max_new_tokens": None}
     assert output_limit(7, config, max_length=300) == {"max_length": 58, "max_new_tokens": None}
     assert output_limit(7, GenerationConfig(max_new_tokens=5)) == {}  # the checkpoint's stands
+
+
+def test_compute_metrics_for_a_stock_trainer_decodes_and_scores():
+    """make_compute_metrics (for a plain Seq2SeqTrainer): generated ids and labels padded with -100 between batches,
+    decoded, then scored as `score` scores."""
+    tokenizer = train_tokenizer(REFERENCES * 5 + HYPOTHESES * 5, vocab_size=300)
+
+    def padded(sentences: list[str]) -> np.ndarray:
+        rows = [[tokenizer.bos_token_id] + tokenizer(s)["input_ids"] for s in sentences]
+        return np.array([row + [-100] * (16 - len(row)) for row in rows])
+
+    metrics = make_compute_metrics(tokenizer)(EvalPrediction(padded(HYPOTHESES), padded(REFERENCES)))
+    assert metrics == score(HYPOTHESES, REFERENCES)

@@ -4,7 +4,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+
+import numpy as np
 
 
 def score(hypotheses: Sequence[str], references: Sequence[str]) -> dict[str, float]:
@@ -23,6 +25,22 @@ def score(hypotheses: Sequence[str], references: Sequence[str]) -> dict[str, flo
         "chrf": round(sacrebleu.corpus_chrf(hypotheses, [references]).score, 4),
         "exact_match": round(100.0 * exact / max(len(references), 1), 4),
     }
+
+
+def make_compute_metrics(tokenizer) -> Callable:
+    """`compute_metrics` for a stock `Seq2SeqTrainer` with ``predict_with_generate``: the generated ids and the labels
+    decoded, then `score`. (train.py's trainer does not need it: it translates and scores the sentences themselves.)"""
+
+    def compute_metrics(eval_prediction) -> dict[str, float]:
+        predictions, labels = eval_prediction.predictions, eval_prediction.label_ids
+        predictions = predictions[0] if isinstance(predictions, tuple) else predictions
+        # -100 marks padding that the Trainer added between batches and the labels' padding; it is not a token
+        pad = tokenizer.pad_token_id
+        hypotheses = tokenizer.batch_decode(np.where(predictions != -100, predictions, pad), skip_special_tokens=True)
+        references = tokenizer.batch_decode(np.where(labels != -100, labels, pad), skip_special_tokens=True)
+        return score(hypotheses, references)
+
+    return compute_metrics
 
 
 def signatures() -> dict[str, str]:

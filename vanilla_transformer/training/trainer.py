@@ -19,7 +19,7 @@ from transformers import (
 )
 from transformers.trainer_utils import EvalLoopOutput, PredictionOutput
 
-from ..inference.score import score
+from ..inference.score import make_compute_metrics, score  # noqa: F401  (make_compute_metrics: imported from here too)
 from ..inference.translate import generate_in_batches
 from .batching import TokenBatchingSeq2SeqTrainer
 from .cpu import CpuThreadsCallback
