@@ -467,9 +467,15 @@ def stage_fsdp(ctx: Context) -> None:
         port = s.getsockname()[1]
     # one process on the one GPU; the dry run takes two CPU processes, since one alone trains without a process group
     processes = "2" if ctx.quick else "1"
+    script = os.path.join(ROOT, "scripts", "train.py")
+    if ctx.quick:  # train.py refuses FSDP on CPU processes: the dry run turns it on as the tests do
+        train, script = script, output_dir + "-launcher.py"
+        with open(script, "w") as f:
+            f.write(f"import runpy, sys\nsys.path.insert(0, {os.path.join(ROOT, 'tests')!r})\nimport fsdp_on_cpu\n")
+            f.write(f"fsdp_on_cpu.enable()\nsys.argv[0] = {train!r}\nrunpy.run_path({train!r}, run_name='__main__')\n")
     launch = [sys.executable, "-m", "accelerate.commands.launch", "--num_processes", processes, "--num_machines", "1"]
     launch += ["--main_process_port", str(port), "--mixed_precision", "no" if ctx.quick else "bf16"]
-    launch += ["--dynamo_backend", "no", *FSDP_FLAGS, os.path.join(ROOT, "scripts", "train.py")]
+    launch += ["--dynamo_backend", "no", *FSDP_FLAGS, script]
     common = demo_training_args(ctx, output_dir, first)
     common[common.index("--save_strategy") + 1] = "steps"
     common += ["--save_steps", str(first // 2), "--logging_steps", "1", "--ddp_timeout", "120", *precision]

@@ -37,6 +37,7 @@ FSDP_LAUNCH = [
 ]
 DDP_LAUNCH = ["--multi_gpu"]
 TOKENS_ACCUMULATION = ["--max_tokens_per_batch", "1024", "--gradient_accumulation_steps", "2"]
+EVALUATION = ["--do_eval", "--max_eval_samples", "8"]
 WRAP_LAYERS = '{"transformer_layer_cls_to_wrap": ["EncoderLayer", "DecoderLayer"]}'
 TRANSFORMERS_FSDP = ["--fsdp", "full_shard auto_wrap", "--fsdp_config", WRAP_LAYERS]
 
@@ -210,7 +211,8 @@ def demo_args(output_dir, tokenizer: str, *extra: str) -> list[str]:
     "launch_flags, extra",
     [
         pytest.param(FSDP_LAUNCH, [], id="fsdp2-sentence-batches"),
-        pytest.param(FSDP_LAUNCH, TOKENS_ACCUMULATION, id="fsdp2-tokens-accumulation"),
+        # and evaluation after training, whose translations every FSDP2 process decodes together (synced_gpus)
+        pytest.param(FSDP_LAUNCH, [*TOKENS_ACCUMULATION, *EVALUATION], id="fsdp2-tokens-accumulation-evaluation"),
         pytest.param(DDP_LAUNCH, ["--gradient_accumulation_steps", "2"], id="ddp-sentence-batches-accumulation"),
         pytest.param(DDP_LAUNCH, TRANSFORMERS_FSDP, id="transformers-fsdp-flags"),
     ],
@@ -223,6 +225,9 @@ def test_several_processes_train_the_demo_batches_on_the_defaults(tmp_path, toke
     assert "over 2 processes, gloo" in output
     state = json.loads((tmp_path / "out" / "trainer_state.json").read_text())
     assert state["global_step"] == 24
+    if "--do_eval" in extra:  # translated and scored as translate.py does
+        results = json.loads((tmp_path / "out" / "all_results.json").read_text())
+        assert results["eval_samples"] == 8 and 0 <= results["eval_bleu"] <= 100 and results["eval_loss"] > 0
     # each process left its process group before exiting, and under DDP the group is gone with its threads
     # (workarounds.torch_gloo_group_teardown; under FSDP2 DTensor's caches keep it until the interpreter exits)
     groups = [json.loads((tmp_path / f"group-{rank}.json").read_text()) for rank in (0, 1)]

@@ -43,10 +43,10 @@ class TranslationCollator(DataCollatorForSeq2Seq):
 
 
 class TranslationTrainer(TrainerOverrides, BudgetSchedule, TokenBatchingSeq2SeqTrainer):
-    """The trainer train.py uses: token batching (TokenBatchingSeq2SeqTrainer), a time budget (time_budget
-    .BudgetSchedule), sharding that cannot run where it was asked for refused in one line, and label smoothing
-    computed by the model. The private methods it overrides each call a workaround
-    for a limit of transformers or PyTorch; they sit in `workarounds.overrides.TrainerOverrides`.
+    """The trainer train.py uses: token batching (TokenBatchingSeq2SeqTrainer), a time budget
+    (time_budget.BudgetSchedule), sharding that cannot run where it was asked for refused in one line, and label
+    smoothing computed by the model. It overrides public hooks only; the private methods that workarounds of
+    transformers' and PyTorch's limits override sit in `workarounds.overrides.TrainerOverrides`.
 
     With ``label_smoothing_factor``, a model whose ``forward`` takes ``smoothing`` (ours) computes the smoothed
     training loss itself, with the same value as Trainer's ``LabelSmoother`` (which needs a log-softmax of the logits'
