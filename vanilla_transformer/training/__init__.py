@@ -1,10 +1,11 @@
-"""The toolkit's training side: everything `scripts/train.py` and `scripts/average_checkpoints.py` use.
+"""The toolkit's training side: train.py's recipe and everything it uses (and `scripts/average_checkpoints.py`).
 
-- `presets`: model presets and their training defaults; `arguments`: the recipe as `TranslationTrainingArguments`
+- `recipe`: the recipe as a function (`run`, `main`) and its argument dataclasses; `presets`: model presets and their
+  training defaults; `arguments`: the paper's recipe as `TranslationTrainingArguments`
 - `data`: corpora, the demo corpus, tokenising; `tokenizer`: training a byte-level BPE tokenizer
-- `trainer`: the trainer and its metrics; `batching`: token batches; `time_budget`: --max_train_minutes
-- `checkpoints`: complete checkpoints, loading a trained model, averaging; `cpu`: CPUs and threads
-- `sharding`: FSDP and DDP on CPU processes; `workarounds/`: one module per limit of a library
+- `trainer`: the trainer (it evaluates through `inference/`); `batching`: token batches; `time_budget`: the budget
+- `checkpoints`: complete checkpoints, averaging; `cpu`: CPUs and threads
+- `sharding`: the parallelism in use; `workarounds/`: one module per limit of a library, and the private overrides
 
 Nothing is imported here, so that importing one module (say `cpu` for translating) loads only what it needs.
 """

@@ -71,11 +71,11 @@ class TranslationTrainer(TrainerOverrides, BudgetSchedule, TokenBatchingSeq2SeqT
     @contextlib.contextmanager
     def _translation_of(self, dataset, gen_kwargs: dict) -> Iterator[None]:
         previous = self._translating
+        columns = set(dataset.column_names) if isinstance(dataset, datasets.Dataset) else set()
         has_sentences = (
             self.languages is not None
-            and isinstance(dataset, datasets.Dataset)
-            and "input_ids" in dataset.column_names
-            and set(dataset.column_names) - set(TOKEN_COLUMNS)
+            and "input_ids" in columns
+            and ("translation" in columns or set(self.languages) <= columns)  # data.sentence_pairs' two layouts
         )
         self._translating = (dataset, gen_kwargs) if has_sentences else None
         try:
