@@ -3,20 +3,13 @@ bf16 is several times slower than the same attention written as two products and
 
 Written for torch 2.13.0 (CPU build, installed).
 
-The limit: `torch.nn.functional.scaled_dot_product_attention` on a CPU runs bf16 inputs (autocast included), as it
-runs float32 ones, through `_scaled_dot_product_flash_attention_for_cpu`, and its backward through
-`_scaled_dot_product_flash_attention_for_cpu_backward`. In bf16, at a translation model's lengths, that backward
-dominates a training step. Measured 2026-12-03 on an Intel Xeon with AMX, one thread, the forward and backward of one
-attention (batch 32, 4 heads, head dimension 64, a padding mask): 16 tokens 9.82 ms through SDPA against 1.30 ms as
-matmul + softmax + matmul (this model's "eager" `scaled_dot_product_attention`, the paper's Eq. 1), 64 tokens 23.36
-against 6.83 ms; in float32 the two are level (1.08 against 1.40 ms, 8.33 against 7.65 ms). In the profile of a bf16
-training step of the `compact` model's size (32 pairs of 16 tokens) that backward took 38 % of the step
-(docs/performance.md).
+The limit: `torch.nn.functional.scaled_dot_product_attention` on a CPU runs bf16 inputs (autocast included) through
+`_scaled_dot_product_flash_attention_for_cpu`; at a translation model's lengths its bf16 backward dominates a
+training step (docs/performance.md#why-bf16-the-eager-attention-and-kernel-caches).
 
 The workaround (`attention_for_training`): where train.py trains on a CPU in bf16 and no `--attn_implementation` is
 given, the model trains with "eager", set by transformers' `set_attn_implementation`. Decoding has no backward pass,
-and there SDPA is the faster one (the 1,001 test sentences of the French corpus, beam 4, bf16, one thread: 17.4 s
-against 20.1 s with eager, 2026-12-03): so once training is over, the model decodes with the implementation it had
+and there SDPA is the faster one: so once training is over, the model decodes with the implementation it had
 before (evaluations during training keep the training one). The choice is not saved:
 config.json holds no attention implementation, so the saved model loads with transformers' default.
 

@@ -4,22 +4,13 @@ new shapes at almost every step, so a training run's memory grows by hundreds of
 
 Written for torch 2.13.0 (CPU build, installed), with the oneDNN and ideep it ships.
 
-The limit: a bf16 product on a CPU (autocast included) runs as a oneDNN primitive built for its exact shapes. PyTorch's
-ideep layer keeps the primitives it built in an LRU cache of `LRU_CACHE_CAPACITY` entries (default 1,024), and
-oneDNN keeps their kernels in its own primitive cache of `ONEDNN_PRIMITIVE_CACHE_CAPACITY` entries (default 1,024);
-both variables are read once, when the first primitive is built. Measured 2026-12-05 on the 2-core AMD EPYC (AVX-512
-BF16), one thread: 200 products of distinct shapes grow the resident memory by 147 MiB with the defaults, by 10 MiB
-with both capacities at their minimum. train.py's batches of at most 1,024 tokens differ in sentences and length at
-almost every step: its first 100 steps on the French corpus built 444 distinct primitives (three products per weight
-and per attention, forward and backward), and the resident memory grew from 806 to about 1,150 MiB during those
-steps, to 1,637 MiB after 1,000 steps (docs/performance.md).
+The limit: ideep keeps the primitives it built in an LRU cache of `LRU_CACHE_CAPACITY` entries and oneDNN their
+kernels in a cache of `ONEDNN_PRIMITIVE_CACHE_CAPACITY` entries (both 1,024 by default), read once, when the first
+primitive is built.
 
 The workaround (`limit_kernel_caches`): where train.py trains on a CPU in bf16, before the first product, it sets
-both variables to `CAPACITY` (64) unless the environment already sets them (the user's value always wins). After
-1,000 steps (`benchmarks/run.py end_to_end --bf16 --max_tokens_per_batch 1024 --max_steps 1000`, two pairs side by
-side) the peak resident memory was 883 and 936 MiB against 1,637 and 1,566 with the defaults, and no slower (2,239
-and 2,080 source tokens per second against 2,182 and 1,897): a kernel rebuilt takes about 0.5 ms, and the 64 most
-recent shapes hold most of what the next steps multiply. Decoding after training took as long (docs/performance.md).
+both variables to `CAPACITY` (64) unless the environment already sets them (the user's value always wins). The peak
+memory falls by about 40 % at the same speed: docs/performance.md#why-bf16-the-eager-attention-and-kernel-caches.
 
 It can go when the caches hold little per shape, or when PyTorch bounds them by memory:
 tests/test_workarounds.py's `test_torch_still_keeps_about_a_mib_of_bf16_kernels_per_shape` fails when a new shape no

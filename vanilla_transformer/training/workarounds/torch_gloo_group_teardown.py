@@ -6,7 +6,7 @@ A gloo group's worker threads (``pt_gloo_runloop``) run its collectives. A worke
 let go of it; when the collective holds the last reference to a tensor that Python made (``Trainer.store_flos``
 gathers into such a list at the end of training), that needs the GIL. ``ProcessGroupGloo``'s destructor joins the
 workers, and gloo has no ``shutdown()`` for ``destroy_process_group`` to call, so the workers live as long as the
-group. Seen on 2026-12-03 with two CPU processes:
+group. Seen with two CPU processes:
 
 - with no ``destroy_process_group``, the group is left to the interpreter's exit. A worker still letting go of a
   collective then is ended by it: ``terminate called without an active exception``, SIGABRT, after the model was
