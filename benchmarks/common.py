@@ -63,7 +63,7 @@ def provenance() -> dict:
     return {
         "command": shlex.join([os.path.basename(sys.executable), *sys.argv]),
         "commit": commit,
-        "utc": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M"),
+        "utc": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M"),
         "cpu": cpu,
         "torch": torch.__version__,
     }

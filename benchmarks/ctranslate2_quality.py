@@ -18,7 +18,7 @@ import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 import torch
 from transformers import HfArgumentParser
@@ -88,7 +88,7 @@ def main(argv: list[str] | None = None) -> dict:
                     }
                 )
     result = {
-        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "date": datetime.now(UTC).isoformat(timespec="seconds"),
         "settings": vars(settings),
         "rows": rows,
     }

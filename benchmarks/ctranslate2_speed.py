@@ -35,7 +35,7 @@ import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 import torch
 from transformers import AutoTokenizer, HfArgumentParser, MarianMTModel
@@ -332,7 +332,7 @@ def main(argv: list[str] | None = None) -> dict:
             raise SystemExit(f"ctranslate2_speed.py: error: --sizes: {size!r} is not one of {', '.join(SIZES)}")
     tokenizer = AutoTokenizer.from_pretrained(settings.tokenizer_dir)
     cores = os.cpu_count() or 1
-    result = {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "machine": machine()}
+    result = {"date": datetime.now(UTC).isoformat(timespec="seconds"), "machine": machine()}
     result.update(settings=asdict(settings), speed=[], memory={})
     with tempfile.TemporaryDirectory() as folder:
         for size in settings.sizes:

@@ -28,7 +28,7 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 import torch
 from transformers import CompileConfig, MarianConfig, MarianMTModel, PreTrainedModel
@@ -524,7 +524,7 @@ def run_benchmark(
 
     measure_peaks()
     results = {
-        "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
         "machine": machine_description(settings),
         "settings": asdict(settings),
         "matmul_peak_samples": peaks,
