@@ -3,6 +3,7 @@
 import contextlib
 import importlib.util
 import os
+import random
 import site
 import socket
 import subprocess
@@ -91,6 +92,43 @@ def word_tokenizer(words: list[str]) -> PreTrainedTokenizerFast:
     return PreTrainedTokenizerFast(
         tokenizer_object=tokenizer, pad_token="<pad>", bos_token="<s>", eos_token="</s>", unk_token="<unk>"
     )
+
+
+# A toy word-for-word English→German lexicon: a tiny model learns it in about a second (train_toy_model)
+LEXICON = {
+    "the": "der",
+    "cat": "katze",
+    "dog": "hund",
+    "house": "haus",
+    "sat": "sitzt",
+    "on": "auf",
+    "mat": "matte",
+    "is": "ist",
+    "big": "gross",
+    "small": "klein",
+    "red": "rot",
+    "blue": "blau",
+}
+
+
+def train_toy_model(tokenizer: PreTrainedTokenizerFast) -> VanillaTransformerForConditionalGeneration:
+    """About a second of training, so that translations depend on the input (a random model repeats one word)."""
+    torch.manual_seed(0)
+    rng = random.Random(0)
+    config = tiny_config(vocab_size=len(tokenizer), max_position_embeddings=64, dropout=0.0)
+    model = VanillaTransformerForConditionalGeneration(config)
+    optimizer = torch.optim.Adam(model.parameters(), lr=5e-3)
+    for _ in range(80):
+        source = [" ".join(rng.choice(list(LEXICON)) for _ in range(rng.randint(2, 6))) for _ in range(16)]
+        target = [" ".join(LEXICON[word] for word in sentence.split()) for sentence in source]
+        batch = tokenizer(source, text_target=target, return_tensors="pt", padding=True)
+        labels = batch["labels"].masked_fill(batch["labels"] == tokenizer.pad_token_id, -100)
+        loss = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], labels=labels).loss
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    model.generation_config.max_new_tokens = 12
+    return model.eval()
 
 
 def load_script(name: str, folder: str = "scripts"):

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import random
 import re
 import shutil
 import subprocess
@@ -20,9 +19,9 @@ from types import SimpleNamespace
 import pytest
 import torch
 import yaml
-from conftest import ROOT, load_script, single_thread, tiny_config, word_tokenizer
+from conftest import LEXICON, ROOT, load_script, single_thread, tiny_config, train_toy_model, word_tokenizer
 from hub_server import LocalHub
-from transformers import PreTrainedTokenizerFast, Seq2SeqTrainingArguments, pipeline
+from transformers import Seq2SeqTrainingArguments, pipeline
 
 import vanilla_transformer
 from vanilla_transformer import VanillaTransformerConfig, VanillaTransformerForConditionalGeneration
@@ -31,20 +30,6 @@ from vanilla_transformer.pipeline_vanilla_transformer import VanillaTransformerT
 
 TOKEN = "hf_test_token_not_a_secret"
 REPO_ID = "user/vanilla-transformer-toy-en-de"
-LEXICON = {
-    "the": "der",
-    "cat": "katze",
-    "dog": "hund",
-    "house": "haus",
-    "sat": "sitzt",
-    "on": "auf",
-    "mat": "matte",
-    "is": "ist",
-    "big": "gross",
-    "small": "klein",
-    "red": "rot",
-    "blue": "blau",
-}
 SENTENCES = ["the cat sat on the mat", "the big dog is red", "blue house"]
 # train.py's test split prefix is "predict"
 METRICS = {"test_bleu": 41.2345, "test_chrf": 60.5, "predict_ter": 50.0, "eval_bleu": 39.75, "train_loss": 2.5}
@@ -89,26 +74,6 @@ with open(out, "w") as f:
 """
 
 # Imported by a .pth file of the fresh environment: even an installed (non-editable) copy of the package stays hidden.
-
-
-def train_toy_model(tokenizer: PreTrainedTokenizerFast) -> VanillaTransformerForConditionalGeneration:
-    """About a second of training, so that translations depend on the input (a random model repeats one word)."""
-    torch.manual_seed(0)
-    rng = random.Random(0)
-    config = tiny_config(vocab_size=len(tokenizer), max_position_embeddings=64, dropout=0.0)
-    model = VanillaTransformerForConditionalGeneration(config)
-    optimizer = torch.optim.Adam(model.parameters(), lr=5e-3)
-    for _ in range(80):
-        source = [" ".join(rng.choice(list(LEXICON)) for _ in range(rng.randint(2, 6))) for _ in range(16)]
-        target = [" ".join(LEXICON[word] for word in sentence.split()) for sentence in source]
-        batch = tokenizer(source, text_target=target, return_tensors="pt", padding=True)
-        labels = batch["labels"].masked_fill(batch["labels"] == tokenizer.pad_token_id, -100)
-        loss = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], labels=labels).loss
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-    model.generation_config.max_new_tokens = 12
-    return model.eval()
 
 
 @pytest.fixture(scope="module")
