@@ -10,13 +10,14 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-import torch
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors
-from transformers import PreTrainedTokenizerFast
-
+# before transformers imports huggingface_hub, which reads HF_HUB_OFFLINE once, at import
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors  # noqa: E402
+from transformers import PreTrainedTokenizerFast  # noqa: E402
 
 from vanilla_transformer import VanillaTransformerConfig, VanillaTransformerForConditionalGeneration  # noqa: E402
 
