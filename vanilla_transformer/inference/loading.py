@@ -17,6 +17,8 @@ def load_translator(model_dir: str, device: str | None = None):
         raise ValueError(f"--model_dir {model_dir!r} is not a folder.")
     if not os.path.isfile(os.path.join(model_dir, "config.json")):
         raise ValueError(f"--model_dir {model_dir!r} holds no config.json; is it a saved model?")
+    if not any(os.path.isfile(os.path.join(model_dir, name)) for name in ("tokenizer.json", "tokenizer_config.json")):
+        raise ValueError(f"--model_dir {model_dir!r} holds no tokenizer (tokenizer.json); save it beside the model.")
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     model = load_trained_model(model_dir)
     if device is None:
