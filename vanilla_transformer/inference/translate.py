@@ -1,9 +1,10 @@
-"""Translating with a trained model: sentences in length-sorted batches with beam search (loading it:
-`inference.loading`). Imports neither datasets nor the training stack."""
+"""Translating with a trained model: sentences in length-sorted batches with beam search, or one sentence into its
+n-best list with scores (loading it: `inference.loading`). Imports neither datasets nor the training stack."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 import torch
 from transformers import PreTrainedModel
@@ -92,19 +93,34 @@ def generate_in_batches(
     synced_gpus under FSDP)."""
     if num_beams is not None and num_beams < 1:
         raise ValueError(f"num_beams={num_beams} must be at least 1.")
-    device = next(model.parameters()).device
     options = {"num_beams": num_beams, "length_penalty": length_penalty, **generate_kwargs}
-    options = {name: value for name, value in options.items() if value is not None}  # None: the model's own
+    limits = {"max_new_tokens": max_new_tokens, "max_length": max_length, "extra_tokens": extra_tokens}
 
     def run_batch(batch: list[list[int]]) -> list[str]:
-        inputs = tokenizer.pad({"input_ids": batch}, return_tensors="pt").to(device)
-        limit = output_limit(
-            inputs["input_ids"].shape[1], model.generation_config, max_new_tokens, max_length, extra_tokens
-        )
-        outputs = model.generate(**inputs, **limit, **options)
+        outputs = generate_batch(model, tokenizer, batch, **limits, **options)
         return tokenizer.batch_decode(outputs, skip_special_tokens=True)
 
     return translate_in_batches(encoded, run_batch, batch_size=batch_size, progress=progress)
+
+
+def generate_batch(
+    model: PreTrainedModel,
+    tokenizer,
+    batch: list[list[int]],
+    *,
+    max_new_tokens: int | None = None,
+    max_length: int | None = None,
+    extra_tokens: int = EXTRA_TOKENS,
+    **generate_kwargs,
+):
+    """``model.generate`` on one batch of sources' token ids: padded, on the model's device, within `output_limit`;
+    keyword arguments that are None are left to the model's generation config."""
+    inputs = tokenizer.pad({"input_ids": batch}, return_tensors="pt").to(next(model.parameters()).device)
+    limit = output_limit(
+        inputs["input_ids"].shape[1], model.generation_config, max_new_tokens, max_length, extra_tokens
+    )
+    options = {name: value for name, value in generate_kwargs.items() if value is not None}  # None: the model's own
+    return model.generate(**inputs, **limit, **options)
 
 
 def translate(
@@ -136,3 +152,97 @@ def translate(
         extra_tokens=extra_tokens,
         progress=progress,
     )
+
+
+@dataclass
+class Hypothesis:
+    """One translation of an n-best list. ``token_ids``: what the decoder produced, from after the decoder start token
+    up to and including eos. ``score``: what beam search ranks by, the log-probability divided by
+    ``len(token_ids) ** length_penalty`` (transformers' ``sequences_scores``)."""
+
+    text: str
+    token_ids: list[int]
+    log_probability: float
+    score: float
+
+
+@dataclass
+class NBestList:
+    """A sentence's translations, best first. ``source_ids``: the tokens the encoder read (eos included);
+    ``source_length``: the sentence's length in tokens before truncation (more than ``len(source_ids)`` when it was
+    cut to ``max_source_tokens``)."""
+
+    source_ids: list[int]
+    source_length: int
+    hypotheses: list[Hypothesis]
+
+    @property
+    def truncated(self) -> bool:
+        return self.source_length > len(self.source_ids)
+
+
+@torch.inference_mode()
+def translate_n_best(
+    model: PreTrainedModel,
+    tokenizer,
+    text: str,
+    *,
+    num_beams: int | None = None,
+    num_return_sequences: int | None = None,
+    length_penalty: float | None = None,
+    max_new_tokens: int | None = None,
+    extra_tokens: int = EXTRA_TOKENS,
+    max_source_tokens: int | None = None,
+) -> NBestList:
+    """`translate` for one sentence, returning its ``num_return_sequences`` best translations (default: one per beam)
+    with their scores; the same generate() call (`generate_batch`: the output limit of §6.1, the model's generation
+    config for what is not given). A sentence longer than ``max_source_tokens`` is cut to that many tokens (its eos
+    kept)."""
+    if not text.strip():
+        raise ValueError("text is empty; give a sentence to translate.")
+    config = model.generation_config
+    num_beams = num_beams if num_beams is not None else config.num_beams or 1
+    if length_penalty is None:
+        length_penalty = config.length_penalty if config.length_penalty is not None else 1.0  # generate()'s default
+    num_return_sequences = num_return_sequences if num_return_sequences is not None else num_beams
+    if not 1 <= num_return_sequences <= num_beams:
+        raise ValueError(f"num_return_sequences={num_return_sequences} must be between 1 and num_beams={num_beams}.")
+    source_ids = tokenizer(text)["input_ids"]
+    source_length = len(source_ids)
+    if max_source_tokens is not None and source_length > max_source_tokens:
+        source_ids = tokenizer(text, truncation=True, max_length=max_source_tokens)["input_ids"]
+    outputs = generate_batch(
+        model,
+        tokenizer,
+        [source_ids],
+        max_new_tokens=max_new_tokens,
+        extra_tokens=extra_tokens,
+        num_beams=num_beams,
+        num_return_sequences=num_return_sequences,
+        length_penalty=length_penalty,
+        output_scores=True,
+        return_dict_in_generate=True,
+    )
+    # the log-probability of each chosen token: beam search's scores are already log-softmaxed, greedy's are logits
+    beam_indices = outputs.beam_indices if num_beams > 1 else None
+    steps = model.compute_transition_scores(
+        outputs.sequences, outputs.scores, beam_indices, normalize_logits=beam_indices is None
+    )
+    eos = config.eos_token_id
+    eos_ids = set(eos) if isinstance(eos, list) else {eos}
+    hypotheses = []
+    for row, sequence in enumerate(outputs.sequences.tolist()):
+        produced = sequence[1:]  # after the decoder start token; shorter beams are padded after their eos
+        ends = [i for i, token in enumerate(produced) if token in eos_ids]
+        produced = produced[: ends[0] + 1] if ends else produced
+        log_probability = float(steps[row, : len(produced)].sum())
+        score = float(outputs.sequences_scores[row]) if beam_indices is not None else None
+        hypotheses.append(
+            Hypothesis(
+                text=tokenizer.decode(produced, skip_special_tokens=True).strip(),
+                token_ids=produced,
+                log_probability=log_probability,
+                score=score if score is not None else log_probability / len(produced) ** length_penalty,
+            )
+        )
+    return NBestList(source_ids, source_length, hypotheses)
