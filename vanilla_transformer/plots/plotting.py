@@ -4,7 +4,8 @@ matplotlib is an optional extra (``pip install 'vanilla-transformer[plot]'``), i
 Figures are drawn on matplotlib's Agg canvas directly, without pyplot: nothing needs a display, and the pyplot
 backend a notebook or another library has chosen is left alone.
 
-Each ``plot_*`` function writes a PNG and returns the numbers it drew, so that they can be checked.
+Each ``plot_*`` function writes a PNG and returns the numbers it drew, so that they can be checked;
+``attention_heads_figure`` returns the Figure itself (for an app or a notebook).
 """
 
 from __future__ import annotations
@@ -45,16 +46,22 @@ def _save(figure, path: str) -> str:
 
 @dataclass
 class TranslationAttention:
-    """A translation and the encoder-decoder attention that produced it.
+    """A translation and the attention that produced it.
 
     ``cross_attentions[layer, head, i, j]`` is how much the decoder, when it produced ``target_tokens[i]``, attended
-    to ``source_tokens[j]``; each row sums to 1 over the source (a softmax, §3.2.1).
+    to ``source_tokens[j]``; each row sums to 1 over the source (a softmax, §3.2.1). ``encoder_attentions[layer, head,
+    i, j]``: source token i to source token j; ``decoder_attentions[layer, head, i, j]``: the step that produced
+    ``target_tokens[i]`` to the decoder input ``decoder_input_tokens[j]`` (the start token, then the tokens produced
+    so far; zero above the diagonal, the mask of §3.2.3).
     """
 
     source_tokens: list[str]
     target_tokens: list[str]
     translation: str
     cross_attentions: torch.Tensor  # (layers, heads, target length, source length), float32 on the CPU
+    encoder_attentions: torch.Tensor | None = None  # (encoder layers, heads, source length, source length)
+    decoder_attentions: torch.Tensor | None = None  # (layers, heads, target length, target length)
+    decoder_input_tokens: list[str] | None = None
 
     @property
     def num_layers(self) -> int:
@@ -78,20 +85,13 @@ def _token_labels(tokenizer, ids: list[int]) -> list[str]:
 def translate_with_attention(
     model, tokenizer, text: str, num_beams: int = 1, max_new_tokens: int | None = None
 ) -> TranslationAttention:
-    """Translate ``text``, then read the encoder-decoder attention of every layer and head.
+    """Translate ``text``, then read the attention of every layer and head (``attention_of_translation``).
 
     The model must use the eager attention (``attn_implementation="eager"``), the only one that returns weights.
-    After generating, one teacher-forced forward pass over the generated tokens returns the attention of all steps
-    at once; it equals what the decoder computed step by step, since the decoder is causal.
     """
     if not text or not text.strip():
         raise ValueError("text is empty; give a sentence to translate.")
-    if model.config._attn_implementation != "eager":
-        raise ValueError(
-            f"the attention weights need the eager attention, which returns them; this model uses "
-            f"attn_implementation={model.config._attn_implementation!r}. Load it with attn_implementation='eager' or "
-            "call model.set_attn_implementation('eager')."
-        )
+    _check_eager(model)
     model.eval()
     device = model.device
     encoded = tokenizer(text, return_tensors="pt")
@@ -106,22 +106,50 @@ def translate_with_attention(
     length = len(generated)
     while length > 2 and pad_id is not None and int(generated[length - 1]) == pad_id:
         length -= 1
-    generated = generated[:length]
-    # decoder position i reads generated[i] and produces generated[i + 1]
+    return attention_of_translation(model, tokenizer, input_ids[0].tolist(), generated[1:length].tolist())
+
+
+def _check_eager(model) -> None:
+    if model.config._attn_implementation != "eager":
+        raise ValueError(
+            f"the attention weights need the eager attention, which returns them; this model uses "
+            f"attn_implementation={model.config._attn_implementation!r}. Load it with attn_implementation='eager' or "
+            "call model.set_attn_implementation('eager')."
+        )
+
+
+@torch.no_grad()
+def attention_of_translation(model, tokenizer, source_ids: list[int], target_ids: list[int]) -> TranslationAttention:
+    """The encoder, decoder and encoder-decoder attention of every layer and head behind one translation:
+    ``target_ids`` (the tokens the decoder produced after its start token, eos included, e.g. from generate() or an
+    n-best list) of the source ``source_ids``. One teacher-forced forward pass returns the attention of all steps at
+    once; it equals what the decoder computed step by step, since the decoder is causal. Needs the eager attention.
+    """
+    _check_eager(model)
+    model.eval()
+    device = model.device
+    input_ids = torch.tensor([source_ids], device=device)
+    decoder_ids = [model.config.decoder_start_token_id, *target_ids]
+    # decoder position i reads decoder_ids[i] and produces target_ids[i]
     outputs = model(
         input_ids=input_ids,
-        attention_mask=attention_mask,
-        decoder_input_ids=generated[None, :-1],
+        attention_mask=torch.ones_like(input_ids),
+        decoder_input_ids=torch.tensor([decoder_ids[:-1]], device=device),
         output_attentions=True,
         use_cache=False,
     )
-    cross = torch.stack([layer[0] for layer in outputs.cross_attentions]).float().cpu()
-    produced = generated[1:].tolist()
+
+    def stacked(layers) -> torch.Tensor:
+        return torch.stack([layer[0] for layer in layers]).float().cpu()
+
     return TranslationAttention(
-        source_tokens=_token_labels(tokenizer, input_ids[0].tolist()),
-        target_tokens=_token_labels(tokenizer, produced),
-        translation=tokenizer.decode(produced, skip_special_tokens=True),
-        cross_attentions=cross,
+        source_tokens=_token_labels(tokenizer, source_ids),
+        target_tokens=_token_labels(tokenizer, target_ids),
+        translation=tokenizer.decode(target_ids, skip_special_tokens=True),
+        cross_attentions=stacked(outputs.cross_attentions),
+        encoder_attentions=stacked(outputs.encoder_attentions),
+        decoder_attentions=stacked(outputs.decoder_attentions),
+        decoder_input_tokens=_token_labels(tokenizer, decoder_ids[:-1]),
     )
 
 
@@ -181,9 +209,33 @@ def plot_cross_attention(
 
 def plot_cross_attention_heads(attention: TranslationAttention, path: str, layer: int = -1) -> torch.Tensor:
     """Write a grid with one heatmap per head of ``layer``; returns the (heads, target, source) weights drawn."""
-    layer_index = _check_index("layer", layer, attention.num_layers)
-    weights = attention.cross_attentions[layer_index]
+    weights = attention.cross_attentions[_check_index("layer", layer, attention.num_layers)]
+    _save(attention_heads_figure(attention, layer), path)
+    return weights
+
+
+ATTENTION_KINDS = {
+    # kind: (weights field, query labels field, key labels field, title)
+    "cross": ("cross_attentions", "target_tokens", "source_tokens", "Encoder-decoder attention"),
+    "encoder": ("encoder_attentions", "source_tokens", "source_tokens", "Encoder self-attention"),
+    "decoder": ("decoder_attentions", "target_tokens", "decoder_input_tokens", "Decoder self-attention (masked)"),
+}
+
+
+def attention_heads_figure(attention: TranslationAttention, layer: int = -1, kind: str = "cross"):
+    """A matplotlib Figure with one heatmap per head of ``layer``: the encoder-decoder attention (``kind="cross"``),
+    the encoder's self-attention ("encoder") or the decoder's ("decoder"). Keys across, queries down, labelled with
+    their tokens, on one colour scale (0 to 1) so that heads compare."""
+    if kind not in ATTENTION_KINDS:
+        raise ValueError(f"kind={kind!r} is unknown; allowed: {', '.join(ATTENTION_KINDS)}.")
+    field, rows_field, columns_field, title = ATTENTION_KINDS[kind]
+    stack = getattr(attention, field)
+    if stack is None:
+        raise ValueError(f"this TranslationAttention holds no {field}; make it with attention_of_translation.")
+    layer_index = _check_index("layer", layer, stack.shape[0])
+    weights = stack[layer_index]
     heads, rows, columns = weights.shape
+    row_labels, column_labels = getattr(attention, rows_field), getattr(attention, columns_field)
     ncols = min(heads, 4)
     nrows = math.ceil(heads / ncols)
     panel_width, panel_height = max(3.0, 0.3 * columns + 1.5), max(2.5, 0.28 * rows + 1.2)
@@ -197,18 +249,17 @@ def plot_cross_attention_heads(attention: TranslationAttention, path: str, layer
         image = _heatmap(
             axes,
             weights[h].numpy(),
-            attention.source_tokens,
-            attention.target_tokens,
+            column_labels,
+            row_labels,
             show_x=row == nrows - 1 or h + ncols >= heads,
             show_y=column == 0,
             vmax=1.0,
         )
         axes.set_title(f"head {h}", fontsize=10)
-    figure.suptitle(f"Encoder-decoder attention per head, layer {layer_index}")
+    figure.suptitle(f"{title} per head, layer {layer_index}")
     figure.tight_layout()
     figure.colorbar(image, ax=panels, fraction=0.02, pad=0.02, label="attention weight")
-    _save(figure, path)
-    return weights
+    return figure
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -344,8 +395,11 @@ def plot_training_curves(log_history: list[dict], path: str) -> dict[str, tuple[
 
 
 __all__ = [
+    "ATTENTION_KINDS",
     "TranslationAttention",
+    "attention_heads_figure",
     "attention_matrix",
+    "attention_of_translation",
     "find_trainer_state",
     "load_log_history",
     "plot_cross_attention",
