@@ -238,7 +238,8 @@ def attention_heads_figure(attention: TranslationAttention, layer: int = -1, kin
     row_labels, column_labels = getattr(attention, rows_field), getattr(attention, columns_field)
     ncols = min(heads, 4)
     nrows = math.ceil(heads / ncols)
-    panel_width, panel_height = max(3.0, 0.3 * columns + 1.5), max(2.5, 0.28 * rows + 1.2)
+    # at most 8 inches a panel: a long sentence gets crowded labels, not a picture tens of thousands of pixels wide
+    panel_width, panel_height = min(8.0, max(3.0, 0.3 * columns + 1.5)), min(8.0, max(2.5, 0.28 * rows + 1.2))
     figure = _new_figure(panel_width * ncols + 0.8, panel_height * nrows + 0.6)
     panels = []
     for h in range(heads):
