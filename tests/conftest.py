@@ -112,14 +112,15 @@ LEXICON = {
 }
 
 
-def train_toy_model(tokenizer: PreTrainedTokenizerFast) -> VanillaTransformerForConditionalGeneration:
-    """About a second of training, so that translations depend on the input (a random model repeats one word)."""
+def train_toy_model(tokenizer: PreTrainedTokenizerFast, steps: int = 80) -> VanillaTransformerForConditionalGeneration:
+    """About a second of training, so that translations depend on the input (a random model repeats one word); about
+    350 steps translate sentences of up to six words word for word."""
     torch.manual_seed(0)
     rng = random.Random(0)
     config = tiny_config(vocab_size=len(tokenizer), max_position_embeddings=64, dropout=0.0)
     model = VanillaTransformerForConditionalGeneration(config)
     optimizer = torch.optim.Adam(model.parameters(), lr=5e-3)
-    for _ in range(80):
+    for _ in range(steps):
         source = [" ".join(rng.choice(list(LEXICON)) for _ in range(rng.randint(2, 6))) for _ in range(16)]
         target = [" ".join(LEXICON[word] for word in sentence.split()) for sentence in source]
         batch = tokenizer(source, text_target=target, return_tensors="pt", padding=True)
