@@ -1,19 +1,16 @@
 #!/usr/bin/env python
 """Publish a saved checkpoint folder on the Hugging Face Hub.
 
-    python scripts/push_to_hub.py --model_dir runs/base-en-de --repo_id user/vanilla-transformer-en-de
-
-Refreshes the model card (README.md) from the folder (config.json, generation_config.json, all_results.json,
-training_args.json and the previous card's metadata), creates the repo if needed, and uploads the folder in one
-commit. Trainer's intermediate checkpoints (checkpoint-*/) and optimizer/scheduler states are not uploaded. The token
-comes from `hf auth login` or HF_TOKEN; HF_ENDPOINT selects another Hub.
-
     python scripts/push_to_hub.py --model_dir runs/base-en-de --repo_id user/vanilla-transformer-en-de \
-        --with_ctranslate2 int8
+        [--with_ctranslate2 int8] [--space vanilla-transformer-en-de-demo]
 
-also exports the model to CTranslate2 (int8 weights: fast CPU translation) into the folder's `ctranslate2/`
-subfolder, uploads it in the same commit, and the model card says how to use it (docs/deployment.md). Without the
-flag a `ctranslate2/` subfolder is not uploaded, so that an export of older weights never travels with newer ones.
+Refreshes the model card (README.md) from the folder's config, results and previous card, creates the repo if needed,
+and uploads the folder in one commit, without Trainer's checkpoint-*/ folders and optimizer/scheduler states. The
+token comes from `hf auth login` or HF_TOKEN; HF_ENDPOINT selects another Hub.
+
+--with_ctranslate2 also exports the model to CTranslate2 (int8: fast CPU translation) into `ctranslate2/` and uploads
+it in the same commit (docs/deployment.md); otherwise `ctranslate2/` stays behind (an export of older weights never
+travels with newer ones). --space NAME also uploads a Gradio Space serving the model with scripts/demo.py's web demo.
 """
 
 from __future__ import annotations
@@ -25,6 +22,7 @@ from huggingface_hub import HfApi
 from transformers import HfArgumentParser
 
 from vanilla_transformer.hub.model_card import CTRANSLATE2_FOLDER, write_model_card
+from vanilla_transformer.hub.space import space_id_for, upload_space
 from vanilla_transformer.hub.upload import check_model_dir, export_for_upload, files_to_upload, ignore_patterns
 
 
@@ -52,6 +50,7 @@ class PushArguments:
             "pip install 'vanilla-transformer[ctranslate2]'."
         },
     )
+    space: str | None = field(default=None, metadata={"help": "Also upload a Gradio Space with the web demo."})
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -59,6 +58,7 @@ def main(argv: list[str] | None = None) -> None:
     problem = check_model_dir(args.model_dir)
     if problem is None and args.repo_id.count("/") != 1:
         problem = f"--repo_id {args.repo_id!r} must be namespace/name, e.g. your-username/vanilla-transformer-en-de"
+    space_id, problem = space_id_for(args.space, args.repo_id) if problem is None and args.space else (None, problem)
     if problem is None and args.with_ctranslate2:
         problem = export_for_upload(args.model_dir, args.with_ctranslate2)
     if problem:
@@ -91,6 +91,9 @@ def main(argv: list[str] | None = None) -> None:
     print(f"{'total':<{width}}  {sum(size for _, size in files):>12,}\n")
     print(f"repo:   {repo_url}{' (private)' if args.private else ''}")
     print(f"commit: {commit.commit_url}")
+    if space_id is not None:
+        url, space_commit, _ = upload_space(space_id, args.repo_id, private=args.private)
+        print(f"\nspace:  {url}{' (private)' * args.private}\ncommit: {space_commit.commit_url}")
 
 
 if __name__ == "__main__":

@@ -1,15 +1,20 @@
 """A small in-memory stand-in for the Hugging Face Hub, for offline tests of pushing and loading checkpoints.
 
 It answers the part of the Hub HTTP API that huggingface_hub (2.x) uses to create a repo, upload files in a commit and
-download them back:
+download them back, for models and for Spaces (``spaces`` in place of ``models``, and ``/spaces`` before
+``/{repo_id}/resolve``):
 
-    POST /api/repos/create                                  create a repo (409 with its url if it exists)
+    POST /api/repos/create                                  create a repo (409 with its url if it exists); a Space
+                                                            needs its SDK
     POST /api/validate-yaml                                 check a README's YAML metadata (yaml.safe_load)
     POST /api/models/{repo_id}/preupload/{revision}         "regular" upload mode for every file: no LFS, no Xet
     POST /api/models/{repo_id}/commit/{revision}            NDJSON commit: header line, then base64 "file" lines
     GET  /api/models/{repo_id}[/revision/{revision}]        repo info: commit sha and file list
     GET  /api/models/{repo_id}/tree/{revision}[/{path}]     file listing
     HEAD/GET /{repo_id}/resolve/{revision}/{filename}       file metadata (ETag, X-Repo-Commit, Content-Length), bytes
+
+A repo is known by its URL path: ``user/name`` for a model, ``spaces/user/name`` for a Space (``hub.files`` and
+``hub.repos`` take that key).
 
 Every commit is an immutable snapshot of the repo: files are stored exactly as sent and served back byte for byte.
 Writes need a bearer token; a private repo answers 404 to requests without one, as the Hub does. Anything else answers
@@ -32,15 +37,17 @@ import yaml
 
 REPO = r"(?P<repo>[\w.-]+/[\w.-]+)"
 REV = r"(?P<rev>[^/]+)"
+API = r"/api/(?P<kind>models|spaces)"
+FILES = r"(?:/(?P<kind>spaces))?"
 ROUTES = [
     ("POST", re.compile(r"/api/repos/create"), "create_repo"),
     ("POST", re.compile(r"/api/validate-yaml"), "validate_yaml"),
-    ("POST", re.compile(rf"/api/models/{REPO}/preupload/{REV}"), "preupload"),
-    ("POST", re.compile(rf"/api/models/{REPO}/commit/{REV}"), "commit"),
-    ("GET", re.compile(rf"/api/models/{REPO}(?:/revision/{REV})?"), "repo_info"),
-    ("GET", re.compile(rf"/api/models/{REPO}/tree/{REV}(?:/(?P<path>.*))?"), "tree"),
-    ("GET", re.compile(rf"/{REPO}/resolve/{REV}/(?P<path>.+)"), "resolve"),
-    ("HEAD", re.compile(rf"/{REPO}/resolve/{REV}/(?P<path>.+)"), "resolve"),
+    ("POST", re.compile(rf"{API}/{REPO}/preupload/{REV}"), "preupload"),
+    ("POST", re.compile(rf"{API}/{REPO}/commit/{REV}"), "commit"),
+    ("GET", re.compile(rf"{API}/{REPO}(?:/revision/{REV})?"), "repo_info"),
+    ("GET", re.compile(rf"{API}/{REPO}/tree/{REV}(?:/(?P<path>.*))?"), "tree"),
+    ("GET", re.compile(rf"{FILES}/{REPO}/resolve/{REV}/(?P<path>.+)"), "resolve"),
+    ("HEAD", re.compile(rf"{FILES}/{REPO}/resolve/{REV}/(?P<path>.+)"), "resolve"),
 ]
 
 
@@ -114,8 +121,15 @@ class LocalHub:
         self._check_token(request)
         payload = json.loads(request.body)
         repo_id = f"{payload['organization']}/{payload['name']}"
-        if payload.get("type", "model") != "model":
-            raise HubError(400, None, "this test server only hosts model repos")
+        kind = payload.get("type", "model")
+        if kind not in ("model", "space"):
+            raise HubError(400, None, "this test server only hosts models and Spaces")
+        if kind == "space":
+            if payload.get("sdk") not in ("gradio", "docker", "static"):
+                raise HubError(
+                    400, None, f"a Space needs its sdk (gradio, docker or static), not {payload.get('sdk')!r}"
+                )
+            repo_id = f"spaces/{repo_id}"
         url = f"{self.endpoint}/{repo_id}"
         if repo_id in self.repos:
             return _json(409, {"error": "You already created this model repo", "url": url})
@@ -173,6 +187,7 @@ class LocalHub:
     def repo_info(self, request: _Handler, repo: str, rev: str | None) -> tuple[int, dict, bytes]:
         repo_obj, sha = self._repo(request, repo, rev or "main")
         siblings = [{"rfilename": path} for path in sorted(repo_obj.snapshots[sha])]
+        repo = repo.removeprefix("spaces/")
         info = {"id": repo, "modelId": repo, "sha": sha, "private": repo_obj.private, "siblings": siblings}
         return _json(200, {**info, "tags": [], "library_name": "transformers"})
 
@@ -243,6 +258,8 @@ class _Handler(BaseHTTPRequestHandler):
                 match = pattern.fullmatch(path)
                 if route_method == method and match:
                     args = {k: unquote(v) if v is not None else None for k, v in match.groupdict().items()}
+                    if args.pop("kind", None) == "spaces":  # a Space is known by its URL path
+                        args["repo"] = f"spaces/{args['repo']}"
                     with self.hub._lock:
                         status, headers, body = getattr(self.hub, name)(self, *args.values())
                     break

@@ -7,25 +7,37 @@ virtual environment that sees torch, transformers and tokenizers but cannot impo
 
 from __future__ import annotations
 
+import configparser
 import json
 import os
 import re
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 import torch
 import yaml
-from conftest import LEXICON, ROOT, load_script, single_thread, tiny_config, train_toy_model, word_tokenizer
+from conftest import (
+    LEXICON,
+    ROOT,
+    free_port,
+    load_script,
+    single_thread,
+    tiny_config,
+    train_toy_model,
+    word_tokenizer,
+)
 from hub_server import LocalHub
 from transformers import Seq2SeqTrainingArguments, pipeline
 
 import vanilla_transformer
 from vanilla_transformer import VanillaTransformerConfig, VanillaTransformerForConditionalGeneration
 from vanilla_transformer.hub.model_card import write_model_card
+from vanilla_transformer.inference.translate import translate
 from vanilla_transformer.pipeline_vanilla_transformer import VanillaTransformerTranslationPipeline
 
 TOKEN = "hf_test_token_not_a_secret"
@@ -458,3 +470,126 @@ def test_push_to_hub_rejects_a_folder_that_is_not_a_checkpoint(tmp_path, capsys,
 def test_push_to_hub_rejects_a_repo_id_without_namespace(checkpoint):
     with pytest.raises(SystemExit, match="--repo_id 'name-only' must be namespace/name"):
         load_script("push_to_hub").main(["--model_dir", str(checkpoint.path), "--repo_id", "name-only"])
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# A Space that serves the pushed model with the web demo
+# --------------------------------------------------------------------------------------------------------------------
+
+
+def setup_cfg_requirements() -> set[str]:
+    config = configparser.ConfigParser()
+    config.read(ROOT / "setup.cfg")
+    lines = config["options"]["install_requires"].splitlines()
+    lines += [line for extra in config["options.extras_require"].values() for line in extra.splitlines()]
+    return {line.strip() for line in lines if line.strip() and not line.strip().startswith("#")}
+
+
+def test_a_space_holds_what_a_gradio_space_needs(tmp_path):
+    gradio = pytest.importorskip("gradio")
+    from vanilla_transformer.hub.space import REQUIREMENTS, write_space
+
+    written = write_space(str(tmp_path), REPO_ID)
+    meta = front_matter((tmp_path / "README.md").read_text())
+    assert {key: meta[key] for key in ("sdk", "sdk_version", "app_file", "models", "license")} == {
+        "sdk": "gradio",
+        "sdk_version": gradio.__version__,  # the release the demo was tested with
+        "app_file": "app.py",
+        "models": [REPO_ID],
+        "license": "apache-2.0",
+    }
+    assert len(meta["title"]) <= 30 and len(meta["short_description"]) <= 60  # the Hub's limits
+    app = (tmp_path / "app.py").read_text()
+    compile(app, "app.py", "exec")
+    assert f'launch_app(build_app("{REPO_ID}"))' in app
+    # what the demo imports besides gradio, with the bounds the package itself declares
+    requirements = (tmp_path / "requirements.txt").read_text().split()
+    assert requirements == REQUIREMENTS and set(requirements) <= setup_cfg_requirements()
+    # the package's code, as it is here (no caches)
+    package = Path(vanilla_transformer.__file__).parent
+    copied = sorted(path for path in written if path.startswith("vanilla_transformer/"))
+    assert copied == sorted(f"vanilla_transformer/{p.relative_to(package).as_posix()}" for p in package.rglob("*.py"))
+    assert "vanilla_transformer/demo/app.py" in copied and not list(tmp_path.rglob("__pycache__"))
+    for path in copied:
+        assert (tmp_path / path).read_bytes() == (package.parent / path).read_bytes(), path
+    assert set(written) == {p.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("*") if p.is_file()}
+    with pytest.raises(ValueError, match="must be a Hub id, namespace/name"):
+        write_space(str(tmp_path), "no-namespace")
+
+
+def test_push_to_hub_rejects_a_space_name_with_two_slashes(checkpoint):
+    with pytest.raises(SystemExit, match="--space 'a/b/c' must be a name or namespace/name"):
+        load_script("push_to_hub").main(["--model_dir", str(checkpoint.path), "--repo_id", REPO_ID, "--space", "a/b/c"])
+
+
+def wait_for_server(url: str, process: subprocess.Popen, timeout_s: float) -> None:
+    import urllib.request
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            pytest.fail(f"the Space's app.py exited with {process.returncode}: {process.stderr.read()[-4000:]}")
+        try:
+            with urllib.request.urlopen(url, timeout=2):
+                return
+        except OSError:
+            time.sleep(0.5)
+    pytest.fail(f"the Space's app.py did not serve {url} within {timeout_s} s")
+
+
+@pytest.mark.slow
+def test_push_to_hub_with_a_space_that_serves_the_model(checkpoint, tmp_path):
+    pytest.importorskip("gradio")
+    from gradio_client import Client
+
+    space_id = f"{REPO_ID.split('/')[0]}/toy-demo"
+    with LocalHub(token=TOKEN, lifetime_s=4 * SUBPROCESS_TIMEOUT_S) as hub:
+        overrides = {"HF_ENDPOINT": hub.endpoint, "HF_HUB_OFFLINE": "0", "HF_TOKEN": TOKEN}
+        push = push_to_local_hub(
+            [str(ROOT / "scripts" / "push_to_hub.py"), "--model_dir", str(checkpoint.path)]
+            + ["--repo_id", REPO_ID, "--space", "toy-demo"],
+            tmp_path,
+            {**overrides, "PYTHONPATH": str(ROOT)},  # the package of this checkout, which the Space then carries
+        )
+        assert push.returncode == 0, push.stderr[-4000:]
+        assert f"space:  {hub.endpoint}/spaces/{space_id}" in push.stdout
+        files = hub.files(f"spaces/{space_id}")
+        assert {"README.md", "app.py", "requirements.txt", "vanilla_transformer/demo/app.py"} <= set(files)
+        assert front_matter(files["README.md"].decode())["models"] == [REPO_ID]
+
+        # the Space as the Hub runs it: its own folder, its own copy of the package, the model from the Hub
+        space = tmp_path / "space"
+        for path, data in files.items():
+            (space / path).parent.mkdir(parents=True, exist_ok=True)
+            (space / path).write_bytes(data)
+        port = free_port()
+        env = subprocess_env(
+            tmp_path / "space_home",
+            **overrides,
+            GRADIO_SERVER_NAME="127.0.0.1",
+            GRADIO_SERVER_PORT=str(port),
+            GRADIO_ANALYTICS_ENABLED="False",
+        )
+        which = subprocess.run(
+            [sys.executable, "-c", "import vanilla_transformer; print(vanilla_transformer.__file__)"],
+            cwd=space,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=SUBPROCESS_TIMEOUT_S,
+        )
+        assert which.stdout.strip() == str(space / "vanilla_transformer" / "__init__.py"), which.stderr[-2000:]
+        process = subprocess.Popen(
+            [sys.executable, "app.py"], cwd=space, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+        )
+        try:
+            wait_for_server(f"http://127.0.0.1:{port}/", process, SUBPROCESS_TIMEOUT_S)
+            client = Client(f"http://127.0.0.1:{port}/", verbose=False)
+            note, translation, *_ = client.predict(SENTENCES[0], 4, "cross", 1, api_name="/translate")
+        finally:
+            process.terminate()
+            process.wait(timeout=30)
+    expected = translate(checkpoint.model, checkpoint.tokenizer, [SENTENCES[0]], num_beams=4)[0]
+    assert (note, translation) == ("", expected)
+    downloads = [path for method, path, status in hub.requests if method == "GET" and "/resolve/" in path]
+    assert f"/{REPO_ID}/resolve/{hub.repos[REPO_ID].head}/model.safetensors" in downloads
