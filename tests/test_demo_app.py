@@ -34,8 +34,6 @@ from vanilla_transformer.plots.plotting import (
     translate_with_attention,
 )
 
-pytest.importorskip("gradio")
-
 SENTENCE = "the cat sat on the mat"
 EXPECTED = "der katze sitzt auf der matte"
 METRICS = {"predict_bleu": 97.5, "eval_bleu": 96.25, "eval_chrf": 98.125}
@@ -188,9 +186,10 @@ def test_attention_of_a_translation_has_all_three_kinds_and_draws_each(untrained
         ("no weights", r"is not a trained checkpoint: .*no file named model.safetensors"),
         ("no tokenizer", r"holds no tokenizer \(tokenizer.json\)"),
         ("broken config", r"is not a trained checkpoint: .*config.json' is not a valid JSON file"),
+        ("a checkpoint, without gradio", r"The demo needs gradio, which is not installed: pip install '.*\[demo\]'"),
     ],
 )
-def test_a_folder_that_is_not_a_checkpoint_stops_the_demo_before_it_serves(
+def test_a_folder_that_is_not_a_checkpoint_or_no_gradio_stops_the_demo_before_it_serves(
     untrained_dir, tmp_path, monkeypatch, case, message
 ):
     folder = tmp_path / "model"
@@ -212,6 +211,7 @@ def test_a_folder_that_is_not_a_checkpoint_stops_the_demo_before_it_serves(
             (folder / "config.json").write_text('{"model_type": "vanilla_transformer", "d_model": ')
     script = load_script("demo")
     monkeypatch.setattr(script, "launch_app", lambda *args, **kwargs: pytest.fail("the server must not start"))
+    monkeypatch.setitem(sys.modules, "gradio", None)  # a bad folder is refused before gradio is imported
     with pytest.raises(SystemExit) as exit_info:
         script.main(["--model_dir", model_dir, "--port", "1"])
     error = str(exit_info.value.code)
@@ -262,6 +262,7 @@ class OutsideConnections:
 @pytest.fixture
 def running_app(toy_dir, tmp_path, monkeypatch):
     """The demo of the toy model, served on 127.0.0.1 by this process; yields its URL."""
+    pytest.importorskip("gradio")
     from vanilla_transformer.demo.app import build_app, launch_app
 
     monkeypatch.setenv("GRADIO_TEMP_DIR", str(tmp_path / "gradio"))

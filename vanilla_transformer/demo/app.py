@@ -149,12 +149,13 @@ def layers_of(loaded: DemoModel, kind: str) -> int:
 
 def build_app(model_dir: str, device: str | None = None):
     """The Gradio app (a `gr.Blocks`) for the model in `model_dir`: a saved folder or a Hub model id. The model is
-    loaded first: a folder that is not a trained checkpoint raises ValueError (one line) before any app exists."""
+    loaded first: a folder that is not a trained checkpoint raises ValueError (one line) before any app exists, and
+    before gradio is imported (seconds)."""
+    loaded = load_demo_model(model_dir, device=device)
     try:
         import gradio as gr
     except ImportError as error:
         raise ImportError(f"The demo needs gradio, which is not installed: {DEMO_EXTRA_HINT}.") from error
-    loaded = load_demo_model(model_dir, device=device)
     last_layer = layers_of(loaded, "cross") - 1
 
     def translate(text: str, beams: int, kind: str, layer: int):
