@@ -115,6 +115,18 @@ def test_n_best_list_holds_what_beam_search_found_with_its_scores(
     assert len({tuple(h.token_ids) for h in n_best.hypotheses}) == num_beams
 
 
+def test_n_best_list_keeps_the_output_limit_of_translate(untrained_dir, tokenizer, one_thread):
+    """The n-best list comes from translate's own generate() call: at most the input's length + 50 new tokens (§6.1,
+    `extra_tokens`), or `max_new_tokens`; a random model stops only there."""
+    from transformers import AutoModelForSeq2SeqLM
+
+    model = AutoModelForSeq2SeqLM.from_pretrained(untrained_dir).eval()
+    n_best = translate_n_best(model, tokenizer, "the big dog is red", extra_tokens=2)
+    assert {len(h.token_ids) for h in n_best.hypotheses} == {len(n_best.source_ids) + 2}
+    n_best = translate_n_best(model, tokenizer, "the big dog is red", max_new_tokens=3)
+    assert {len(h.token_ids) for h in n_best.hypotheses} == {3}
+
+
 def test_n_best_list_of_a_text_longer_than_the_limit_translates_its_beginning(untrained_dir, tokenizer, one_thread):
     from transformers import AutoModelForSeq2SeqLM
 
