@@ -34,6 +34,7 @@ from transformers.utils import logging as transformers_logging
 from vanilla_transformer import VanillaTransformerConfig, VanillaTransformerForConditionalGeneration
 from vanilla_transformer.inference.score import score
 from vanilla_transformer.inference.translate import translate
+from vanilla_transformer.training import device as device_defaults
 from vanilla_transformer.training import recipe
 from vanilla_transformer.training.arguments import TranslationTrainingArguments, implied_defaults
 from vanilla_transformer.training.checkpoints import load_weights, save_averaged_model
@@ -123,7 +124,7 @@ def test_config_overrides_are_read_by_update_from_string_and_checked():
 
 
 def test_preset_defaults_yield_to_flags(tmp_path, monkeypatch):
-    monkeypatch.setattr(recipe, "native_bf16_matmul", lambda: None)  # the float32 defaults, on any CPU
+    monkeypatch.setattr(device_defaults, "native_bf16_matmul", lambda: None)  # the float32 defaults, on any CPU
     out = ["--output_dir", str(tmp_path)]
     model_args, data_args, args, auto_do = recipe.parse_arguments(out)
     assert model_args.preset == "small" and auto_do and args.do_train and args.do_eval and args.do_predict
@@ -239,7 +240,7 @@ def test_compact_trains_in_bf16_alone_on_a_cpu_that_multiplies_bf16(tmp_path, mo
     or --use_cpu flag given wins (and keeps the preset's plain batch and learning rate); other presets, several
     processes (which are told to use the CPU) and CPUs without the feature keep float32."""
     monkeypatch.setattr(torch.accelerator, "is_available", lambda: False)
-    monkeypatch.setattr(recipe, "native_bf16_matmul", lambda: "amx_bf16")
+    monkeypatch.setattr(device_defaults, "native_bf16_matmul", lambda: "amx_bf16")
     monkeypatch.delenv("WORLD_SIZE", raising=False)
     own_data = ["--output_dir", str(tmp_path), "--train_file", str(tmp_path / "train.jsonl")]
 
@@ -273,7 +274,7 @@ def test_compact_trains_in_bf16_alone_on_a_cpu_that_multiplies_bf16(tmp_path, mo
     assert precision([str(tmp_path / "args.json")]) == (True, True)
     (tmp_path / "args.json").write_text(json.dumps({"output_dir": str(tmp_path), "train_file": "t.jsonl", "bf16": 0}))
     assert precision([str(tmp_path / "args.json")]) == (False, False)
-    monkeypatch.setattr(recipe, "native_bf16_matmul", lambda: "avx512_bf16")  # without AMX: the same recipe
+    monkeypatch.setattr(device_defaults, "native_bf16_matmul", lambda: "avx512_bf16")  # without AMX: the same recipe
     assert precision(own_data) == (True, True) and batch(own_data) == (1024, 1.5e-3)
     monkeypatch.setenv("WORLD_SIZE", "2")
     # a launched process: its arguments would join the other processes' group; here they only say what they ask for
@@ -281,7 +282,7 @@ def test_compact_trains_in_bf16_alone_on_a_cpu_that_multiplies_bf16(tmp_path, mo
     assert precision(own_data) == (False, True)  # float32, on the CPU: --use_cpu makes the processes one gloo group
     assert batch(own_data) == plain_batch
     monkeypatch.delenv("WORLD_SIZE")
-    monkeypatch.setattr(recipe, "native_bf16_matmul", lambda: None)
+    monkeypatch.setattr(device_defaults, "native_bf16_matmul", lambda: None)
     assert precision(own_data) == (False, False)
     assert batch(own_data) == plain_batch
     assert recipe.describe_precision(recipe.parse_arguments(own_data)[2]) == "float32"

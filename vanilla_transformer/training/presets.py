@@ -171,17 +171,3 @@ def default_generation_config(config, num_beams: int = 4, max_length: int = 257)
         eos_token_id=config.eos_token_id,
         pad_token_id=config.pad_token_id,
     )
-
-
-def training_defaults(preset: str, native_bf16: str | None = None) -> dict:
-    """The training-argument defaults a preset brings (applied unless the flag is given). `native_bf16`: the CPU
-    feature that multiplies bf16 in hardware (``cpu.native_bf16_matmul``) when train.py runs as one process without an
-    accelerator, else None; with it, a preset's ``native_bf16_cpu`` defaults (compact: bf16 autocast on the CPU, with
-    the batch and learning rate measured for it) replace its others."""
-    if preset not in PRESETS:
-        raise ValueError(f"--preset {preset!r} is unknown; allowed: {', '.join(PRESETS)}.")
-    defaults = dict(PRESETS[preset]["training"])
-    if native_bf16:
-        # with bf16, train.py's implied_defaults adds --use_cpu, as for a --bf16 given
-        defaults.update(PRESETS[preset].get("native_bf16_cpu", {}))
-    return defaults

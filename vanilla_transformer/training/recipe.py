@@ -21,7 +21,7 @@ from .. import VanillaTransformerForConditionalGeneration
 from ..hub.model_card import write_model_card
 from .arguments import TranslationTrainingArguments, implied_defaults
 from .checkpoints import check_checkpoint, last_complete_checkpoint, load_trained_model
-from .cpu import busy_cpus, native_bf16_matmul, recorded_threads, set_cpu_threads
+from .cpu import busy_cpus, recorded_threads, set_cpu_threads
 from .data import (
     MIN_ROWS_PER_WORKER,
     DataArguments,
@@ -30,12 +30,8 @@ from .data import (
     select_samples,
     tokenize_splits,
 )
-from .presets import (
-    PRESETS,
-    build_config,
-    default_generation_config,
-    training_defaults,
-)
+from .device import DeviceDefaults, decide
+from .presets import PRESETS, build_config, default_generation_config
 from .sharding import describe_parallelism
 from .time_budget import cap_steps, describe_budget, describe_stop, steps_trained
 from .tokenizer import check_tokenizer_matches_config, iterate_texts, train_tokenizer
@@ -156,11 +152,9 @@ def parse_arguments(
     else:
         model_args, data_args, _ = pre_parser.parse_args_into_dataclasses(argv, return_remaining_strings=True)
     preset = model_args.preset or ("compact" if data_args.has_own_data() else "small")
-    # bf16 on a CPU that multiplies it in hardware, where the preset asks for it: one process, no accelerator, and no
-    # flag given about the precision or the device (a flag given always wins)
-    alone_on_cpu = not torch.accelerator.is_available() and int(os.environ.get("WORLD_SIZE", "1")) == 1
-    native_bf16 = native_bf16_matmul() if alone_on_cpu and not {"bf16", "fp16", "use_cpu"} & given else None
-    defaults = training_defaults(preset, native_bf16)
+    # the device's defaults (training/device.py): bf16, TF32 and a token batch on a GPU; bf16 on a CPU alone that
+    # multiplies it in hardware, where the preset asks for it (a flag given always wins)
+    defaults = decide("cpu" if "use_cpu" in given else None).training_defaults(preset, given)
     auto_do = not {"do_train", "do_eval", "do_predict"} & given
     if auto_do:
         defaults.update(do_train=True, do_eval=True, do_predict=True)
@@ -254,16 +248,10 @@ def build_model(model_args, tokenizer, tokenizer_source):
     return model
 
 
-def describe_precision(training_args: TranslationTrainingArguments) -> str:
-    """The training precision in a few words; on a CPU with bf16 autocast, the hardware feature that makes it pay."""
-    if not (training_args.bf16 or training_args.fp16):
-        return "float32"
-    kind = "bf16" if training_args.bf16 else "fp16"
-    if training_args.device.type != "cpu" or not training_args.bf16:
-        return f"{kind} autocast"
-    feature = native_bf16_matmul()
-    why = f"this CPU multiplies bf16 in hardware ({feature})" if feature else "this CPU emulates bf16 products"
-    return f"bf16 autocast ({why}; --bf16 false for float32)"
+def describe_precision(training_args: TranslationTrainingArguments, device: DeviceDefaults | None = None) -> str:
+    """The training precision in a few words (``DeviceDefaults.describe_precision``; `device`: the run's device
+    defaults, by default decided for the training arguments' device)."""
+    return (device or decide(training_args.device.type)).describe_precision(training_args)
 
 
 def print_summary(metrics: dict, output_dir: str) -> None:
@@ -332,8 +320,12 @@ def set_generation_defaults(model, model_args, data_args, training_args) -> None
         training_args.generation_max_length = None  # the checkpoint's max_new_tokens decides, unless the flag is given
 
 
-def describe_run(model, model_args, training_args, source_lang, target_lang, tokenizer_source, threads) -> str:
-    """The start-up line: the model, languages, tokenizer, global batch, threads, precision, attention, parallelism."""
+def describe_run(
+    model, model_args, training_args, source_lang, target_lang, tokenizer_source, threads, device=None
+) -> str:
+    """The start-up line: the model, languages, tokenizer, global batch, threads, precision, attention, parallelism;
+    on an accelerator, its name. `device`: the run's `DeviceDefaults` (default: decided for the arguments' device)."""
+    device = device or decide(training_args.device.type)
     parameters = sum(p.numel() for p in model.parameters())
     per_device, accumulation = training_args.per_device_train_batch_size, training_args.gradient_accumulation_steps
     scale = f"x {training_args.world_size} processes x {accumulation} accumulation steps"
@@ -344,8 +336,9 @@ def describe_run(model, model_args, training_args, source_lang, target_lang, tok
     return (
         f"model: {parameters / 1e6:.2f}M parameters ({model_args.model_name_or_path or model_args.preset}); "
         f"{source_lang}->{target_lang}; tokenizer: {tokenizer_source}; global batch {batch}; "
-        f"CPU threads {threads}; precision: {describe_precision(training_args)}; "
-        f"attention: {model.config._attn_implementation}"
+        f"CPU threads {threads}; "
+        + (f"device: {device.name}; " if device.device != "cpu" else "")
+        + f"precision: {describe_precision(training_args, device)}; attention: {model.config._attn_implementation}"
     )
 
 

@@ -24,6 +24,7 @@ from ..inference.translate import generate_in_batches
 from .batching import TokenBatchingSeq2SeqTrainer
 from .cpu import CpuThreadsCallback
 from .data import sentence_pairs
+from .device import pad_to_multiple_of
 from .sharding import ParallelismReportCallback, check_parallelism_can_run
 from .time_budget import BudgetSchedule, add_time_budget
 from .workarounds import torch_gloo_group_teardown
@@ -189,7 +190,7 @@ def build_trainer(
         tokenizer,
         model=model,
         label_pad_token_id=-100,  # padded label positions are left out of the loss
-        pad_to_multiple_of=8 if args.fp16 or args.bf16 else None,
+        pad_to_multiple_of=pad_to_multiple_of(args),  # 8 under bf16/fp16, also from `accelerate launch`
     )
     trainer = TranslationTrainer(
         model=model,
