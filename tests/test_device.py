@@ -143,3 +143,19 @@ def test_a_run_on_a_gpu_leaves_attention_threads_and_kernel_caches_alone(tmp_pat
     line = recipe.describe_run(model, model_args, args, "de", "en", "a tokenizer", "16 (PyTorch's default)")
     assert "device: NVIDIA H100 80GB HBM3; precision: bf16 autocast; float32 products in TF32; attention: sdpa" in line
     assert "<= 9216 padded tokens per side per device" in line
+
+
+def test_the_start_up_line_names_the_precision_accelerate_launch_asked_for(tmp_path, monkeypatch):
+    """`accelerate launch --mixed_precision bf16` trains in bf16 although --bf16 is not given: the start-up line, the
+    collator's pad multiple and the CPU's bf16 workarounds follow the precision the Accelerator runs."""
+    monkeypatch.setattr(torch.accelerator, "is_available", lambda: False)
+    monkeypatch.setattr(device_defaults, "native_bf16_matmul", lambda: None)
+    monkeypatch.setenv("ACCELERATE_MIXED_PRECISION", "bf16")
+    _, _, args, _ = recipe.parse_arguments(["--output_dir", str(tmp_path), "--use_cpu", "true"])
+    assert (args.bf16, args.mixed_precision, pad_to_multiple_of(args)) == (False, "bf16", 8)
+    assert recipe.describe_precision(args).startswith("bf16 autocast (this CPU emulates bf16 products")
+    assert torch_cpu_bf16_flash_attention.attention_for_training(None, args) == "eager"
+    assert torch_cpu_bf16_kernel_caches.limit_kernel_caches(args, {}) != {}
+    monkeypatch.delenv("ACCELERATE_MIXED_PRECISION")
+    _, _, args, _ = recipe.parse_arguments(["--output_dir", str(tmp_path), "--use_cpu", "true"])
+    assert (args.mixed_precision, pad_to_multiple_of(args), recipe.describe_precision(args)) == ("no", None, "float32")

@@ -28,9 +28,10 @@ SLOW_KERNEL = "aten::_scaled_dot_product_flash_attention_for_cpu_backward"
 
 def attention_for_training(given: str | None, training_args: TrainingArguments) -> str | None:
     """The attention implementation to train with: `given` (--attn_implementation) whenever it is given; else "eager"
-    for bf16 training on a CPU (the limit above); else None, which keeps the model's own (transformers' default)."""
+    for bf16 training on a CPU (the limit above; the arguments' mixed_precision: --bf16 or `accelerate launch
+    --mixed_precision bf16`); else None, which keeps the model's own (transformers' default)."""
     if given is not None:
         return given
-    if training_args.bf16 and training_args.device.type == "cpu":
+    if training_args.mixed_precision == "bf16" and training_args.device.type == "cpu":
         return "eager"
     return None

@@ -31,10 +31,11 @@ VARIABLES = ("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "LRU_CACHE_CAPACITY")
 def limit_kernel_caches(
     training_args: TrainingArguments, environ: MutableMapping[str, str] = os.environ
 ) -> dict[str, str]:
-    """Set the two cache capacities (`VARIABLES`) to `CAPACITY` in `environ` where training runs on a CPU in bf16,
-    each unless `environ` already sets it; return what was set (empty elsewhere). Must run before the process's first
-    bf16 product, when the libraries read them."""
-    if not (training_args.bf16 and training_args.device.type == "cpu"):
+    """Set the two cache capacities (`VARIABLES`) to `CAPACITY` in `environ` where training runs on a CPU in bf16
+    (the arguments' mixed_precision: --bf16 or `accelerate launch --mixed_precision bf16`), each unless `environ`
+    already sets it; return what was set (empty elsewhere). Must run before the process's first bf16 product, when
+    the libraries read them."""
+    if not (training_args.mixed_precision == "bf16" and training_args.device.type == "cpu"):
         return {}
     wanted = {name: str(CAPACITY) for name in VARIABLES if name not in environ}
     environ.update(wanted)
