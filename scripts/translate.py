@@ -2,16 +2,15 @@
 """Translate with a saved model, by beam search, one sentence per line.
 
     python scripts/translate.py --model_dir outputs/demo --text "dreihundertzweiundvierzig" "siebzehn"
-    python scripts/translate.py --model_dir outputs/demo --input_file test.de --output_file test.hyp.en \
-        --references test.en
+    python scripts/translate.py --model_dir outputs/demo --input_file test.de --references test.en > test.hyp.en
     echo "dreihundertzweiundvierzig" | python scripts/translate.py --model_dir outputs/demo
     python scripts/translate.py --model_dir outputs/demo-ct2 --engine ctranslate2 --input_file test.de
 
 --engine ctranslate2 translates with CTranslate2 (pip install 'vanilla-transformer[ctranslate2]'): from a folder
-written by scripts/export_ctranslate2.py, or from a saved model, which is then exported in memory first (float32).
-Sentences are batched by length (less padding) and written in input order; a progress bar (on stderr) shows on
-inputs of more than one batch. With --references, sacreBLEU, chrF and exact match are printed on stderr, so that
-stdout holds only translations.
+written by scripts/export_ctranslate2.py, or from a saved model exported in memory first (float32). Sentences are
+batched by length and written in input order; a progress bar (stderr) shows on inputs of more than one batch. With
+--references, sacreBLEU, chrF and exact match go to stderr, so that stdout holds only translations. On a GPU with
+bf16 the model decodes in it (--dtype to choose).
 """
 
 from __future__ import annotations
@@ -29,6 +28,7 @@ from transformers import HfArgumentParser
 from vanilla_transformer.inference.loading import load_engine, read_lines
 from vanilla_transformer.inference.score import score, signatures
 from vanilla_transformer.training.cpu import set_cpu_threads
+from vanilla_transformer.training.device import DTYPES, decode_dtype
 
 
 @dataclass
@@ -51,6 +51,9 @@ class TranslateArguments:
     threads: int | None = field(
         default=None, metadata={"help": "CPU threads (default: one per idle physical core; OMP_NUM_THREADS counts)."}
     )
+    dtype: str | None = field(
+        default=None, metadata={"help": "Default: bfloat16 on a GPU with it, else as saved.", "choices": DTYPES}
+    )
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -65,8 +68,10 @@ def main(argv: list[str] | None = None) -> None:
         if references is not None and len(references) != len(sentences):
             raise ValueError(f"--references has {len(references)} lines but there are {len(sentences)} inputs.")
         set_cpu_threads(args.threads)
+        # --dtype wins (CTranslate2 refuses it); else the device's (training/device.py): a GPU's bf16, or as saved
+        dtype = decode_dtype(args.device, args.dtype) if args.engine == "transformers" or args.dtype else None
         options = {"device": args.device, "threads": torch.get_num_threads(), "compute_type": args.compute_type}
-        translate = load_engine(args.model_dir, args.engine, inter_threads=args.inter_threads, **options)
+        translate = load_engine(args.model_dir, args.engine, inter_threads=args.inter_threads, dtype=dtype, **options)
         start = time.perf_counter()
         translations = translate(
             sentences,

@@ -1,14 +1,14 @@
 """What a run decides on its device (training/device.py), tested on a CPU: with CUDA reported (torch's CUDA queries and
 the training arguments' device stubbed) train.py's defaults are bf16, TF32 and a token batch from the GPU's memory,
-the collator pads to a multiple of 8, the attention, threads and kernel caches are left to transformers and PyTorch;
-on a CPU nothing of that changes, and a flag given always wins."""
+the collator pads to a multiple of 8, the attention, threads and kernel caches are left to transformers and PyTorch,
+and translate.py decodes in bf16; on a CPU nothing of that changes, and a flag given always wins."""
 
 from types import SimpleNamespace
 
 import pytest
 import torch
 import transformers
-from conftest import tiny_model
+from conftest import load_script, tiny_model, word_tokenizer
 
 from vanilla_transformer.training import device as device_defaults
 from vanilla_transformer.training import recipe
@@ -159,3 +159,42 @@ def test_the_start_up_line_names_the_precision_accelerate_launch_asked_for(tmp_p
     monkeypatch.delenv("ACCELERATE_MIXED_PRECISION")
     _, _, args, _ = recipe.parse_arguments(["--output_dir", str(tmp_path), "--use_cpu", "true"])
     assert (args.mixed_precision, pad_to_multiple_of(args), recipe.describe_precision(args)) == ("no", None, "float32")
+
+
+def test_translate_py_decodes_in_bf16_on_a_gpu_unless_a_dtype_is_given(monkeypatch, tmp_path):
+    script = load_script("translate")
+    asked: list[dict] = []
+
+    def load_engine(model_dir, engine="transformers", **options):
+        asked.append(options)
+        return lambda sentences, **kwargs: list(sentences)
+
+    monkeypatch.setattr(script, "load_engine", load_engine)
+    monkeypatch.setattr(script, "set_cpu_threads", lambda threads: None)
+    run = ["--model_dir", str(tmp_path), "--text", "w1"]
+    report_gpu(monkeypatch, *H100)
+    script.main(run)
+    script.main(run + ["--dtype", "float32"])
+    script.main(run + ["--device", "cpu"])
+    script.main(run + ["--engine", "ctranslate2"])  # CTranslate2: its --compute_type decides
+    assert [options.get("dtype") for options in asked] == [torch.bfloat16, torch.float32, None, None]
+    report_gpu(monkeypatch, *V100)
+    script.main(run)
+    assert asked[-1]["dtype"] is None
+
+
+def test_a_model_loads_in_the_dtype_asked_for_and_ctranslate2_refuses_one(tmp_path):
+    from vanilla_transformer.inference.loading import load_engine, load_translator
+
+    trained_model_dir = str(tmp_path)  # an untrained tiny model: only the dtype matters here
+    tiny_model().save_pretrained(trained_model_dir)
+    word_tokenizer(["w1", "w2"]).save_pretrained(trained_model_dir)
+
+    model, _ = load_translator(trained_model_dir, device="cpu", dtype=torch.bfloat16)
+    assert {parameter.dtype for parameter in model.parameters()} == {torch.bfloat16}
+    model, _ = load_translator(trained_model_dir, device="cpu")
+    assert {parameter.dtype for parameter in model.parameters()} == {torch.float32}  # as saved
+    translate = load_engine(trained_model_dir, device="cpu", dtype=torch.bfloat16)
+    assert len(translate(["w1 w2"], max_new_tokens=4)) == 1
+    with pytest.raises(ValueError, match="--dtype applies to --engine transformers only"):
+        load_engine(trained_model_dir, "ctranslate2", dtype=torch.bfloat16)

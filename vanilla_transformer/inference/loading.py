@@ -11,8 +11,9 @@ import torch
 from transformers import AutoTokenizer
 
 
-def load_translator(model_dir: str, device: str | None = None):
-    """(model, tokenizer) from a saved model folder, in eval mode, on `device` (default: GPU if there is one)."""
+def load_translator(model_dir: str, device: str | None = None, dtype: torch.dtype | None = None):
+    """(model, tokenizer) from a saved model folder, in eval mode, on `device` (default: GPU if there is one), in
+    `dtype` (default: as saved; translate.py decides it for the device: `training.device.decide`)."""
     if not os.path.isdir(model_dir):
         raise ValueError(f"--model_dir {model_dir!r} is not a folder.")
     if not os.path.isfile(os.path.join(model_dir, "config.json")):
@@ -23,7 +24,7 @@ def load_translator(model_dir: str, device: str | None = None):
     model = load_trained_model(model_dir)
     if device is None:
         device = torch.accelerator.current_accelerator().type if torch.accelerator.is_available() else "cpu"
-    return model.to(device).eval(), tokenizer
+    return model.to(device=device, dtype=dtype).eval(), tokenizer
 
 
 def load_trained_model(model_dir: str, model_class=None, **kwargs):
@@ -84,15 +85,18 @@ def load_engine(
     threads: int | None = None,
     compute_type: str = "default",
     inter_threads: int = 1,
+    dtype: torch.dtype | None = None,
 ) -> Callable[..., list[str]]:
     """A function that translates a list of sentences (keywords: `batch_size`, `num_beams`, `length_penalty`,
     `max_new_tokens`, `progress`) with the model in `model_dir`: transformers' generate() (`inference.translate
-    .translate`) or CTranslate2 (an export, or a saved model exported in memory first; `compute_type` and
-    `inter_threads` apply to it alone). Both batch by length, as `translate_in_batches` does."""
+    .translate`; `dtype` applies to it alone) or CTranslate2 (an export, or a saved model exported in memory first;
+    `compute_type` and `inter_threads` apply to it alone). Both batch by length, as `translate_in_batches` does."""
     if engine not in ENGINES:
         raise ValueError(f"--engine {engine!r} is not supported; allowed: {', '.join(ENGINES)}.")
     if engine != "ctranslate2" and (compute_type != "default" or inter_threads != 1):
         raise ValueError("--compute_type and --inter_threads apply to --engine ctranslate2 only.")
+    if engine == "ctranslate2" and dtype is not None:
+        raise ValueError("--dtype applies to --engine transformers only; CTranslate2 computes in --compute_type.")
     if engine == "ctranslate2":
         from .ctranslate2 import load_ctranslate2_translator
 
@@ -103,7 +107,7 @@ def load_engine(
         return translator.translate
     from .translate import translate
 
-    model, tokenizer = load_translator(model_dir, device=device)
+    model, tokenizer = load_translator(model_dir, device=device, dtype=dtype)
     return lambda sentences, **options: translate(model, tokenizer, sentences, **options)
 
 

@@ -86,6 +86,15 @@ class DeviceDefaults:
         return f"bf16 autocast ({why}; --bf16 false for float32)"
 
 
+DTYPES = ("float32", "bfloat16", "float16")  # translate.py's --dtype
+
+
+def decode_dtype(device: str | None = None, given: str | None = None) -> torch.dtype | None:
+    """translate.py's dtype on `device` (its --device): `given` (its --dtype, one of `DTYPES`) wins; else the
+    device's (``DeviceDefaults.decode_dtype``: bf16 on a GPU that computes in it, else None: as the model was saved)."""
+    return getattr(torch, given) if given else decide(device).decode_dtype
+
+
 def pad_to_multiple_of(training_args) -> int | None:
     """The collator's ``pad_to_multiple_of`` for the precision the Trainer's Accelerator runs
     (``training_args.mixed_precision``): 8 under bf16 or fp16, whose tensor-core kernels want dimensions in multiples
