@@ -280,6 +280,10 @@ def test_two_machines_on_localhost_train_like_one_process(tmp_path, launch_flags
     for code, output in results:
         assert code == 0, output[-3000:]
     assert "over 2 processes, gloo" in results[0][1]
+    # each says what it prepares or waits for, and how long (training/preparation.py)
+    assert "train.py: training the tokenizer on 256 pairs; 1 other process waits for it up to 24 h" in results[0][1]
+    for what in ("training the tokenizer on 256 pairs", "tokenising 256 pairs"):
+        assert f"process 1: waiting up to 24 h (--preparation_timeout) for process 0 to finish {what}" in results[1][1]
     saved = load_file(str(out / "model.safetensors"))
     assert saved.keys() == single_process_run.keys()
     # the gradients of the two halves are summed in another order than one process sums them (see test_sharding)

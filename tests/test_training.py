@@ -739,6 +739,9 @@ def test_accelerate_launch_two_processes_on_cpu(tmp_path):
         assert torch.equal(weights[0][name], weights[1][name]), name
     assert "global batch 4 pairs per device x 2 processes x 1 accumulation steps = 8 pairs" in result.stdout
     assert "parallelism: DDP over 2 processes, gloo on cpu" in result.stdout  # read from Accelerate after set-up
+    # process 0 prepares the data and says for how long the other waits (training/preparation.py)
+    assert "train.py: training the tokenizer on 32 pairs; 1 other process waits for it up to 24 h" in result.stdout
+    assert "train.py: tokenising 32 pairs; 1 other process waits for it up to 24 h" in result.stdout
     assert "FSDP" not in result.stdout
 
 

@@ -6,7 +6,8 @@
 - `trainer`: the trainer (it evaluates through `inference/`); `batching`: token batches; `time_budget`: the budget
 - `checkpoints`: complete checkpoints, averaging; `cpu`: CPUs and threads; `device`: what the device decides by
   default (precision, TF32, token batch, translate.py's dtype)
-- `sharding`: the parallelism in use; `workarounds/`: one module per limit of a library, and the private overrides
+- `preparation`: training the tokenizer and tokenising once for several processes; `sharding`: the parallelism in
+  use; `workarounds/`: one module per limit of a library, and the private overrides
 
 Nothing is imported here, so that importing one module (say `cpu` for translating) loads only what it needs.
 """

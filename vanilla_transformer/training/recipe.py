@@ -31,6 +31,7 @@ from .data import (
     tokenize_splits,
 )
 from .device import DeviceDefaults, decide
+from .preparation import DEFAULT_TIMEOUT, in_turn
 from .presets import PRESETS, build_config, default_generation_config
 from .sharding import describe_parallelism
 from .time_budget import cap_steps, describe_budget, describe_stop, steps_trained
@@ -119,7 +120,16 @@ class TrainingDataArguments(DataArguments):
         default=False,
         metadata={
             "help": "Tokenise again instead of loading the tokenised splits that an earlier run with the same data, "
-            "tokenizer, languages and length limits left in the datasets cache."
+            "tokenizer, languages and length limits left in the datasets cache (several processes: the first one of "
+            "each machine does)."
+        },
+    )
+    preparation_timeout: int = field(
+        default=DEFAULT_TIMEOUT,
+        metadata={
+            "help": "Several processes: seconds the others wait while process 0 trains the tokenizer and tokenises "
+            "(then the first process of each other machine, in its datasets cache); --ddp_timeout covers the rest of "
+            "the run (docs/training.md#several-machines-a-big-corpus)."
         },
     )
 
@@ -202,8 +212,9 @@ def resolve_checkpoint(training_args: TranslationTrainingArguments) -> str | Non
     return value
 
 
-def load_tokenizer(model_args, raw, source_lang, target_lang, training_args, checkpoint):
-    """The tokenizer: given, the model's, the checkpoint's, or trained here on the training split."""
+def load_tokenizer(model_args, raw, source_lang, target_lang, training_args, checkpoint, timeout=DEFAULT_TIMEOUT):
+    """The tokenizer: given, the model's, the checkpoint's, or trained here on the training split (by process 0,
+    which saves it in --output_dir, where the others wait up to `timeout` seconds to load it)."""
     for flag, path in (
         ("--tokenizer_name", model_args.tokenizer_name),
         ("--model_name_or_path", model_args.model_name_or_path),
@@ -222,12 +233,21 @@ def load_tokenizer(model_args, raw, source_lang, target_lang, training_args, che
         raise DataError("a tokenizer is needed: pass --tokenizer_name, --model_name_or_path or training data.")
     vocab_size = model_args.vocab_size or PRESETS[model_args.preset]["vocab_size"]
     # one process trains and saves it, the others load it, so that every rank has the same vocabulary
-    with training_args.main_process_first(local=False, desc="training the tokenizer"):
-        if training_args.process_index == 0:
+    what = f"training the tokenizer on {len(raw['train']):,} pairs"
+    with in_turn(training_args, what, timeout) as turn:
+        if turn == 0:
             tokenizer = train_tokenizer(iterate_texts(raw["train"], source_lang, target_lang), vocab_size=vocab_size)
             tokenizer.save_pretrained(training_args.output_dir)
         else:
-            tokenizer = AutoTokenizer.from_pretrained(training_args.output_dir)
+            try:
+                tokenizer = AutoTokenizer.from_pretrained(training_args.output_dir)
+            except (OSError, ValueError) as error:
+                raise DataError(
+                    f"process {training_args.process_index} found no tokenizer in --output_dir "
+                    f"{training_args.output_dir!r}, where process 0 saved the one it trained: on several machines "
+                    "--output_dir must be shared, or train it once (scripts/train_tokenizer.py) and pass "
+                    "--tokenizer_name."
+                ) from error
     return tokenizer, f"a {len(tokenizer)}-token BPE tokenizer trained on the training split"
 
 
@@ -372,11 +392,12 @@ def run(
         if not training_args.do_train and model_args.model_name_or_path is None:
             raise DataError("evaluating without training needs a trained model: pass --model_name_or_path.")
         tokenizer, tokenizer_source = load_tokenizer(
-            model_args, raw, source_lang, target_lang, training_args, checkpoint
+            model_args, raw, source_lang, target_lang, training_args, checkpoint, data_args.preparation_timeout
         )
         model = (model_builder or build_model)(model_args, tokenizer, tokenizer_source)
         learned = getattr(model.config, "position_embedding_type", None) == "learned"
-        with training_args.main_process_first(local=False, desc="tokenizing"):
+        what = f"tokenising {sum(map(len, raw.values())):,} pairs"
+        with in_turn(training_args, what, data_args.preparation_timeout) as turn:
             tokenized = tokenize_splits(
                 raw,
                 tokenizer,
@@ -386,7 +407,8 @@ def run(
                 data_args.max_target_length,
                 num_proc=data_args.preprocessing_num_workers
                 or default_num_workers(max(map(len, raw.values())), busy_cpus),
-                load_from_cache_file=not data_args.overwrite_cache,
+                # the last turn loads what its machine's first process left in the cache
+                load_from_cache_file=not data_args.overwrite_cache or turn == 2,
                 print_fn=print if is_main else None,
                 max_positions=model.config.max_position_embeddings if learned else None,
             )
