@@ -45,14 +45,10 @@ class TranslateArguments:
     engine: str = field(default="transformers", metadata={"help": "transformers (generate()) or ctranslate2."})
     compute_type: str = field(default="default", metadata={"help": "ctranslate2: e.g. int8, float32 (the export's)."})
     inter_threads: int = field(default=1, metadata={"help": "ctranslate2: batches translated at once."})
-    device: str | None = field(
-        default=None, metadata={"help": "cpu, cuda, ... (default: a GPU if there is one; ctranslate2: if it loads)."}
-    )
-    threads: int | None = field(
-        default=None, metadata={"help": "CPU threads (default: one per idle physical core; OMP_NUM_THREADS counts)."}
-    )
+    device: str | None = field(default=None, metadata={"help": "cpu, cuda, ... (default: a GPU if it loads)."})
+    threads: int | None = field(default=None, metadata={"help": "CPU threads (default: one per idle core)."})
     dtype: str | None = field(
-        default=None, metadata={"help": "Default: bfloat16 on a GPU with it, else as saved.", "choices": DTYPES}
+        default=None, metadata={"help": "Default: a GPU's bf16, else as saved.", "choices": DTYPES}
     )
 
 
@@ -86,11 +82,8 @@ def main(argv: list[str] | None = None) -> None:
     except (ValueError, OSError, ImportError, RuntimeError) as error:
         raise SystemExit(f"translate.py: error: {str(error).strip().splitlines()[0]}") from None
 
-    with (
-        open(args.output_file, "w", encoding="utf-8")
-        if args.output_file
-        else contextlib.nullcontext(sys.stdout) as output
-    ):
+    sink = open(args.output_file, "w", encoding="utf-8") if args.output_file else contextlib.nullcontext(sys.stdout)
+    with sink as output:
         output.writelines(line + "\n" for line in translations)
     print(f"translated {len(sentences)} sentences in {seconds:.1f} s", file=sys.stderr)
     if references is not None:
