@@ -1,13 +1,15 @@
 """The scorer of evaluation, translate.py and the benchmarks (inference.score): sacreBLEU and chrF as the sacrebleu
-package computes them, and exact match; and the output limit of every translation (inference.translate)."""
+package computes them, and exact match; and the output limit and generated length of every translation
+(inference.translate)."""
 
 import numpy as np
 import pytest
 import sacrebleu
+import torch
 from transformers import EvalPrediction, GenerationConfig
 
 from vanilla_transformer.inference.score import make_compute_metrics, score, signatures
-from vanilla_transformer.inference.translate import output_limit
+from vanilla_transformer.inference.translate import generated_lengths, output_limit
 from vanilla_transformer.training.tokenizer import train_tokenizer
 
 HYPOTHESES = ["three hundred forty-two", "the cat sat on a mat", "one thousand one hundred", "seven"]
@@ -26,6 +28,16 @@ def test_score_equals_the_sacrebleu_package():
     signature = signatures()
     assert signature["bleu"].startswith("nrefs:1|") and "tok:13a" in signature["bleu"]
     assert signature["chrf"].startswith("nrefs:1|")
+
+
+def test_the_generated_length_counts_up_to_the_first_eos():
+    """inference.translate.generated_lengths (evaluation's ``gen_len``): a finished beam is padded with pad (or eos)
+    up to the longest one; the padding is not generated text, and neither is the decoder start token."""
+    pad, bos, eos = 0, 1, 2
+    outputs = torch.tensor([[bos, 7, 8, eos, pad, pad], [bos, 7, eos, eos, eos, eos], [bos, eos, pad, pad, pad, pad]])
+    assert generated_lengths(outputs, pad, eos, bos).tolist() == [3, 2, 1]
+    # no eos (generation stopped at its length limit): every token after the start counts
+    assert generated_lengths(torch.tensor([[bos, 7, 8, 9]]), pad, eos, bos).tolist() == [3]
 
 
 def test_the_output_limit_is_the_input_length_plus_50_unless_given():

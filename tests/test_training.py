@@ -574,6 +574,7 @@ def test_evaluation_translates_like_translate_py_and_scores_the_sentences(tmp_pa
     assert output.predictions == sources  # in row order
     scores = score(sources, references)
     assert {name: output.metrics[f"test_{name}"] for name in scores} == scores
+    assert output.metrics["test_gen_len"] == round(sum(lengths) / len(lengths), 4)  # each source, its eos included
     assert output.metrics["test_loss"] > 0
 
 

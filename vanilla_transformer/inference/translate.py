@@ -47,6 +47,17 @@ def translate_in_batches(
     return translations
 
 
+def generated_lengths(outputs: torch.Tensor, pad: int | None, eos: int | None, start: int | None) -> torch.Tensor:
+    """Tokens in each row of generate()'s `outputs` up to and including its first eos: the decoder start token and
+    the padding after a finished beam (pad, or eos again) do not count. Summed over a split and divided by its rows,
+    the ``gen_len`` that Seq2SeqTrainer reports with ``predict_with_generate``."""
+    is_eos = outputs == eos
+    has_eos = is_eos.any(dim=1)
+    first_eos = torch.where(has_eos, is_eos.int().argmax(dim=1), outputs.shape[1])
+    before = torch.arange(outputs.shape[1], device=outputs.device)[None, :] < first_eos[:, None]
+    return (before & (outputs != pad) & (outputs != start)).sum(dim=1) + has_eos
+
+
 # §6.1: "We set the maximum output length during inference to input length + 50"
 EXTRA_TOKENS = 50
 
@@ -85,12 +96,14 @@ def generate_in_batches(
     max_length: int | None = None,
     extra_tokens: int = EXTRA_TOKENS,
     progress: bool | None = None,
+    token_counts: list[int] | None = None,
     **generate_kwargs,
 ) -> list[str]:
     """`translate` on token ids: `encoded` holds each source's ids (None for an empty line, which translates to an
     empty line). Each length-sorted batch is padded, decoded by `model.generate` within `output_limit` and its output
-    decoded to text; the translations come back in input order. Further keyword arguments go to generate() (e.g.
-    synced_gpus under FSDP)."""
+    decoded to text; the translations come back in input order. A `token_counts` list is extended with the tokens
+    generated for each source translated (`generated_lengths`), batch by batch. Further keyword arguments go to
+    generate() (e.g. synced_gpus under FSDP)."""
     if num_beams is not None and num_beams < 1:
         raise ValueError(f"num_beams={num_beams} must be at least 1.")
     options = {"num_beams": num_beams, "length_penalty": length_penalty, **generate_kwargs}
@@ -98,6 +111,10 @@ def generate_in_batches(
 
     def run_batch(batch: list[list[int]]) -> list[str]:
         outputs = generate_batch(model, tokenizer, batch, **limits, **options)
+        if token_counts is not None:
+            # the decoder starts from the tokenizer's bos (inference.loading.check_tokenizer_matches_config)
+            ids = tokenizer.pad_token_id, tokenizer.eos_token_id, tokenizer.bos_token_id
+            token_counts.extend(generated_lengths(outputs, *ids).tolist())
         return tokenizer.batch_decode(outputs, skip_special_tokens=True)
 
     return translate_in_batches(encoded, run_batch, batch_size=batch_size, progress=progress)

@@ -58,7 +58,8 @@ class TranslationTrainer(TrainerOverrides, BudgetSchedule, TokenBatchingSeq2SeqT
     ``data.tokenize_splits``; ``languages`` names the source and target) go the way translate.py goes: the Trainer's
     loop computes the loss, then the split's source ids are translated in length-sorted batches
     (``inference.translate.generate_in_batches``, within the paper's output limit) and the translations are scored
-    against the target sentences as written (``inference.score.score``: ``bleu``, ``chrf``, ``exact_match``).
+    against the target sentences as written (``inference.score.score``: ``bleu``, ``chrf``, ``exact_match``), beside
+    ``gen_len``, their mean length in generated tokens.
     ``predict`` returns the translations, in row order, as its predictions. With several processes each translates
     its share of the sentences and the translations are gathered (under FSDP, whose every forward pass needs all
     processes, each translates them all). A split without its sentences is evaluated as by ``Seq2SeqTrainer``.
@@ -110,15 +111,19 @@ class TranslationTrainer(TrainerOverrides, BudgetSchedule, TokenBatchingSeq2SeqT
         dataset, gen_kwargs = self._translating
         sentences = dataset.select_columns([c for c in dataset.column_names if c not in TOKEN_COLUMNS])[:]
         sources, references = sentence_pairs(sentences, *self.languages)
-        translations = self.translate_sources(dataset["input_ids"], sources, **gen_kwargs)
-        scores = {f"{metric_key_prefix}_{name}": value for name, value in score(translations, references).items()}
+        translations, gen_len = self.translate_sources(dataset["input_ids"], sources, **gen_kwargs)
+        scores = {**score(translations, references), "gen_len": gen_len}
+        scores = {f"{metric_key_prefix}_{name}": value for name, value in scores.items()}
         return output._replace(predictions=translations, metrics={**output.metrics, **scores})
 
-    def translate_sources(self, input_ids: Sequence[Sequence[int]], sources: Sequence[str], **gen_kwargs) -> list[str]:
+    def translate_sources(
+        self, input_ids: Sequence[Sequence[int]], sources: Sequence[str], **gen_kwargs
+    ) -> tuple[list[str], float]:
         """The translations of a split's source ids (`sources`: the sentences, whose empty ones translate to empty
-        lines, as in translate.py), in row order, on every process. Beam size and length limit: the arguments'
-        ``generation_num_beams`` and ``generation_max_length`` unless `gen_kwargs` (evaluate's, predict's) say
-        otherwise."""
+        lines, as in translate.py), in row order, on every process, and their mean length in generated tokens up to
+        and including the eos (``gen_len``, as Seq2SeqTrainer reports it; an empty line counts 0), rounded to 4
+        decimals. Beam size and length limit: the arguments' ``generation_num_beams`` and ``generation_max_length``
+        unless `gen_kwargs` (evaluate's, predict's) say otherwise."""
         encoded = [ids if source.strip() else None for ids, source in zip(input_ids, sources)]
         processes, sharded = self.args.world_size, self.is_fsdp_enabled
         shared = processes > 1 and not sharded
@@ -126,21 +131,23 @@ class TranslationTrainer(TrainerOverrides, BudgetSchedule, TokenBatchingSeq2SeqT
         options.update(gen_kwargs, synced_gpus=sharded)
         self.model.eval()
         mine = encoded[self.args.process_index :: processes] if shared else encoded
+        counts = []
         translations = generate_in_batches(
             self.model,
             self.processing_class,
             mine,
             batch_size=self.args.per_device_eval_batch_size,
             progress=False if self.args.disable_tqdm or not self.is_world_process_zero() else None,
+            token_counts=counts,
             **options,
         )
         if not shared:
-            return translations
-        shares = gather_object([translations])  # one list per process, in process order
+            return translations, round(sum(counts) / max(len(encoded), 1), 4)
+        shares = gather_object([(translations, sum(counts))])  # one per process, in process order
         gathered = [""] * len(encoded)
-        for index, share in enumerate(shares):
+        for index, (share, _) in enumerate(shares):
             gathered[index::processes] = share
-        return gathered
+        return gathered, round(sum(tokens for _, tokens in shares) / max(len(encoded), 1), 4)
 
     def end(self) -> None:
         """``Trainer.end()`` (destroy the process group), once every process has got here and the model wrapped for
