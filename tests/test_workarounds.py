@@ -9,6 +9,7 @@ group of one process (gloo) stands in for a launch where FSDP needs one.
 """
 
 import contextlib
+import dataclasses
 import functools
 import gc
 import inspect
@@ -32,11 +33,13 @@ from vanilla_transformer.training.batching import TokenBatchSampler
 from vanilla_transformer.training.sharding import tied_names
 from vanilla_transformer.training.workarounds import (
     accelerate_batch_sampler_shard,
+    datasets_no_public_fingerprint,
     torch_cpu_bf16_flash_attention,
     torch_cpu_bf16_kernel_caches,
     torch_fsdp_aliased_module_load,
     torch_fsdp_class_swap,
     torch_fsdp_gathered_ties,
+    transformers_no_batch_sampler_hook,
     transformers_resume_past_the_end,
     transformers_tied_names_missing_on_resume,
 )
@@ -418,14 +421,37 @@ def test_the_trainer_methods_the_workarounds_override_still_exist(name):
     assert call in inspect.getsource(getattr(Trainer, caller))
 
 
-def test_the_private_trainer_and_datasets_api_the_toolkit_reuses_still_exists():
-    """Not workarounds, but private API read outside them: token batching (batching.py) builds its DataLoader with
-    Trainer's `_get_dataloader`, which hands a rank-aware batch sampler to the DataLoader; the tokenised splits' cache
-    keys (data.py) use a dataset's `_fingerprint`."""
+def test_transformers_still_takes_no_batch_sampler():
+    """transformers_no_batch_sampler_hook: neither the Trainer, its training DataLoader method nor its arguments take
+    a batch sampler (or a sampler) of the caller's."""
+    assert not [name for name in inspect.signature(Trainer.__init__).parameters if "sampler" in name]
+    assert list(inspect.signature(Trainer.get_train_dataloader).parameters) == ["self"]
+    assert not [field.name for field in dataclasses.fields(TrainingArguments) if "sampler" in field.name]
+
+
+def test_the_trainer_dataloader_the_token_batches_go_through_still_exists():
+    """transformers_no_batch_sampler_hook: `Trainer._get_dataloader` still takes the arguments the workaround passes,
+    is what `get_train_dataloader` calls, and hands a rank-aware batch sampler to the DataLoader; the DataLoader it
+    builds for a tiny trainer draws the batches of the sampler the workaround gives it."""
     parameters = list(inspect.signature(Trainer._get_dataloader).parameters)
     assert parameters[:6] == ["self", "dataset", "description", "batch_size", "sampler_fn", "is_training"]
-    assert "get_train_dataloader" in dir(Trainer) and "self._get_dataloader(" in inspect.getsource(
-        Trainer.get_train_dataloader
-    )
+    assert "self._get_dataloader(" in inspect.getsource(Trainer.get_train_dataloader)
+    assert "isinstance(sampler, BatchRebalanceSampler)" in inspect.getsource(Trainer._get_dataloader)
+    rows = [{"input_ids": [5] * n, "labels": [6] * n} for n in LENGTHS]
+    args = TrainingArguments(output_dir="unused", report_to="none", use_cpu=True)
+    trainer = Trainer(tiny_model(), args, data_collator=list, train_dataset=datasets.Dataset.from_list(rows))
+    sampler = TokenBatchSampler(LENGTHS, LENGTHS, 16, seed=0, shuffle=False)
+    loader = transformers_no_batch_sampler_hook.train_dataloader(trainer, lambda dataset: sampler)
+    drawn = [[len(row["input_ids"]) for row in batch] for batch in loader]
+    assert drawn == [[LENGTHS[i] for i in batch] for batch in sampler.batches] and len(drawn) > 1
+
+
+def test_datasets_still_has_no_public_fingerprint():
+    """datasets_no_public_fingerprint: `Dataset` has no public fingerprint; the private one the workaround reads is a
+    string that a transform changes."""
     dataset = datasets.Dataset.from_dict({"a": [1]})
-    assert isinstance(dataset._fingerprint, str) and dataset._fingerprint != dataset.map(lambda row: row)._fingerprint
+    assert not [name for name in dir(datasets.Dataset) if "fingerprint" in name and not name.startswith("_")]
+    fingerprint = datasets_no_public_fingerprint.fingerprint_of(dataset)
+    assert isinstance(fingerprint, str) and fingerprint != datasets_no_public_fingerprint.fingerprint_of(
+        dataset.map(lambda row: row)
+    )

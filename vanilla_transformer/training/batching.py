@@ -35,7 +35,7 @@ from transformers import Seq2SeqTrainer
 from transformers.trainer_pt_utils import BatchRebalanceSampler
 from transformers.trainer_utils import has_length
 
-from .workarounds import accelerate_batch_sampler_shard
+from .workarounds import accelerate_batch_sampler_shard, transformers_no_batch_sampler_hook
 
 
 def _round_up(length: int, multiple: int | None) -> int:
@@ -133,7 +133,7 @@ class TokenBatchSampler(BatchRebalanceSampler):
 
     It shares the batches out among the processes itself, as transformers' ``BatchRebalanceSampler`` does: a
     subclass of it, so that the Trainer passes it to its DataLoader as a rank-aware batch sampler, which Accelerate
-    must not shard again (``Trainer._get_dataloader``). None of that class's code is used.
+    must not shard again (`workarounds.transformers_no_batch_sampler_hook`). None of that class's code is used.
 
     Args:
         source_lengths: tokens in each source sentence (``len(input_ids)``).
@@ -341,13 +341,8 @@ class TokenBatchingSeq2SeqTrainer(Seq2SeqTrainer):
                 "max_tokens_per_batch cannot be combined with accelerator_config split_batches=True or "
                 "dispatch_batches=True: each process builds its own token-bounded batches."
             )
-        dataloader = self._get_dataloader(
-            self.train_dataset,
-            description="Training",
-            batch_size=self.args.train_batch_size,  # unused: the batch sampler makes the batches
-            sampler_fn=self.token_batch_sampler,
-            is_training=True,
-        )
+        # the Trainer takes no batch sampler publicly (workarounds.transformers_no_batch_sampler_hook)
+        dataloader = transformers_no_batch_sampler_hook.train_dataloader(self, self.token_batch_sampler)
         accelerate_batch_sampler_shard.forward_set_epoch(dataloader)  # resuming mid-epoch with several processes
         return dataloader
 

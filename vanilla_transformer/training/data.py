@@ -20,6 +20,8 @@ from datasets import Dataset, DatasetDict
 from datasets.exceptions import DatasetGenerationError
 from datasets.fingerprint import Hasher
 
+from .workarounds.datasets_no_public_fingerprint import fingerprint_of
+
 DEMO_SOURCE_LANG = "de"
 DEMO_TARGET_LANG = "en"
 SPLITS = ("train", "validation", "test")
@@ -436,7 +438,7 @@ def tokenization_fingerprints(
     own fingerprint, which follows its files), tokenizer, languages and (for the second) length limits give the same
     fingerprints, hence the same cache files."""
     tokenized = Hasher.hash(
-        ["tokenize", TOKENIZATION_VERSION, dataset._fingerprint, tokenizer_hash, source_lang, target_lang]
+        ["tokenize", TOKENIZATION_VERSION, fingerprint_of(dataset), tokenizer_hash, source_lang, target_lang]
     )
     return tokenized, Hasher.hash(["short_enough", tokenized, max_source_length, max_target_length])
 
