@@ -236,7 +236,7 @@ def training_step(
         batch = {key: value for key, value in batch.items() if key != "labels"}
         batch["decoder_input_ids"] = model.prepare_decoder_input_ids_from_labels(labels)
     elif label_smoothing:  # train.py's trainer: the model smooths, and returns the loss without making logits
-        batch = {**batch, "smoothing": label_smoothing, "skip_logits": True}
+        batch = {**batch, "label_smoothing": label_smoothing, "skip_logits": True}
 
     def step() -> float:
         optimizer.zero_grad(set_to_none=True)

@@ -1,6 +1,7 @@
-"""The model's training loss: label-smoothed token cross-entropy, equal to transformers' LabelSmoother in value and
-gradient, in every dtype, with Trainer's normalisation, with or without the logits made, and taken by the project's
-trainer."""
+"""The model's training loss: label-smoothed token cross-entropy through ``model.loss_function``, equal to
+transformers' LabelSmoother in value and gradient, with Trainer's normalisation; the loss without logits, equal to it
+in every dtype; which of the two a forward computes (``loss_path``) on its own and under torch.compile, DDP, FSDP2,
+peft and a device other than the CPU; and how the project's trainer asks for them."""
 
 import copy
 import functools
@@ -8,17 +9,12 @@ import functools
 import pytest
 import torch
 from conftest import tiny_model
-from torch.utils._python_dispatch import TorchDispatchMode
 from transformers import Seq2SeqTrainer, Seq2SeqTrainingArguments
+from transformers.loss.loss_utils import ForCausalLMLoss
 from transformers.trainer_pt_utils import LabelSmoother
 
-from vanilla_transformer import loss_vanilla_transformer
-from vanilla_transformer.loss_vanilla_transformer import (
-    LinearCrossEntropy,
-    TokenCrossEntropy,
-    linear_cross_entropy,
-    token_cross_entropy,
-)
+from vanilla_transformer import loss_vanilla_transformer, modeling_vanilla_transformer
+from vanilla_transformer.loss_vanilla_transformer import label_smoothed_cross_entropy, linear_cross_entropy
 from vanilla_transformer.training.trainer import TranslationTrainer
 
 
@@ -30,11 +26,23 @@ def logits_and_labels(dtype=torch.float32, batch=3, length=7, vocab=50):
     return logits, labels
 
 
+def smoothed(logits, labels, epsilon=0.0, num_items_in_batch=None):
+    """The model's loss_function, called as the model calls it."""
+    return label_smoothed_cross_entropy(
+        logits,
+        None,
+        logits.shape[-1],
+        num_items_in_batch=num_items_in_batch,
+        shift_labels=labels,
+        label_smoothing=epsilon,
+    )
+
+
 @pytest.mark.parametrize("epsilon", [0.0, 0.1, 0.3])
 @pytest.mark.parametrize("num_items_in_batch", [None, 40])
 def test_value_and_gradient_equal_transformers_label_smoother(epsilon, num_items_in_batch):
     logits, labels = logits_and_labels()
-    ours = token_cross_entropy(logits, labels, epsilon, num_items_in_batch)
+    ours = smoothed(logits, labels, epsilon, num_items_in_batch)
     (grad,) = torch.autograd.grad(ours, logits)
     theirs = LabelSmoother(epsilon=epsilon)({"logits": logits}, labels, num_items_in_batch=num_items_in_batch)
     (expected_grad,) = torch.autograd.grad(theirs, logits)
@@ -43,29 +51,22 @@ def test_value_and_gradient_equal_transformers_label_smoother(epsilon, num_items
     assert grad[0, 2:].abs().max() == 0 and grad[-1, 1].abs().max() == 0  # -100 positions get no gradient
 
 
-@pytest.mark.parametrize("epsilon", [0.0, 0.1])
-def test_gradcheck_in_float64(epsilon):
-    logits, labels = logits_and_labels(torch.float64, batch=2, length=3, vocab=6)
-    assert torch.autograd.gradcheck(
-        lambda x: TokenCrossEntropy.apply(x.flatten(0, 1), labels.flatten(), epsilon), logits
-    )
-
-
-def test_unsmoothed_loss_is_cross_entropy():
+def test_unshifted_labels_are_shifted_as_transformers_causal_lm_loss_shifts_them():
+    """Called with ``labels`` alone (no ``shift_labels``) it is transformers' ForCausalLMLoss, smoothing aside."""
     logits, labels = logits_and_labels()
-    expected = torch.nn.functional.cross_entropy(logits.flatten(0, 1), labels.flatten(), ignore_index=-100)
-    torch.testing.assert_close(token_cross_entropy(logits, labels), expected, rtol=1e-6, atol=0)
+    ours = label_smoothed_cross_entropy(logits, labels, 50)
+    torch.testing.assert_close(ours, ForCausalLMLoss(logits, labels, 50), rtol=1e-6, atol=0)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_half_precision_logits_sum_in_float32(dtype):
-    """Autocast hands the loss half-precision logits: the normaliser and the sums stay in float32, so the loss is
-    that of the same (rounded) logits in float32, and the gradient comes back in the logits' dtype."""
+    """Autocast hands the loss half-precision logits: the sums are taken in float32, so the loss is that of the same
+    (rounded) logits in float32, and the gradient comes back in the logits' dtype."""
     logits, labels = logits_and_labels(dtype, length=64, vocab=1000)
-    loss = token_cross_entropy(logits, labels, 0.1)
+    loss = smoothed(logits, labels, 0.1)
     (grad,) = torch.autograd.grad(loss, logits)
     exact_logits = logits.detach().float().requires_grad_()
-    expected = token_cross_entropy(exact_logits, labels, 0.1)
+    expected = smoothed(exact_logits, labels, 0.1)
     (expected_grad,) = torch.autograd.grad(expected, exact_logits)
     assert loss.dtype == torch.float32 and grad.dtype == dtype
     torch.testing.assert_close(loss, expected, rtol=1e-6, atol=0)
@@ -74,11 +75,16 @@ def test_half_precision_logits_sum_in_float32(dtype):
 
 def test_bad_label_smoothing_and_labels_are_named():
     logits, labels = logits_and_labels()
+    hidden, weight, _ = hidden_weight_and_labels()
     for bad in (-0.1, 1.0):
         with pytest.raises(ValueError, match=r"label_smoothing=.* must be in \[0, 1\)"):
-            token_cross_entropy(logits, labels, bad)
+            smoothed(logits, labels, bad)
+        with pytest.raises(ValueError, match=r"label_smoothing=.* must be in \[0, 1\)"):
+            linear_cross_entropy(hidden, weight, labels, bad)
     with pytest.raises(ValueError, match=r"`labels` has shape \(3, 6\)"):
-        token_cross_entropy(logits, labels[:, :6])
+        smoothed(logits, labels[:, :6])
+    with pytest.raises(ValueError, match=r"`labels` has shape \(3, 6\)"):
+        linear_cross_entropy(hidden, weight, labels[:, :6])
 
 
 def hidden_weight_and_labels(dtype=torch.float32, batch=3, length=7, d_model=8, vocab=50):
@@ -96,7 +102,7 @@ def test_linear_cross_entropy_equals_the_loss_of_the_logits(epsilon, rows, monke
     hidden, weight, labels = hidden_weight_and_labels()
     loss = linear_cross_entropy(hidden, weight, labels, epsilon, num_items_in_batch=40)
     grads = torch.autograd.grad(loss, (hidden, weight))
-    expected = token_cross_entropy(hidden @ weight.T, labels, epsilon, num_items_in_batch=40)
+    expected = smoothed(hidden @ weight.T, labels, epsilon, num_items_in_batch=40)
     expected_grads = torch.autograd.grad(expected, (hidden, weight))
     torch.testing.assert_close(loss, expected, rtol=1e-6, atol=0)
     for grad, expected_grad in zip(grads, expected_grads):
@@ -106,29 +112,26 @@ def test_linear_cross_entropy_equals_the_loss_of_the_logits(epsilon, rows, monke
         torch.testing.assert_close(linear_cross_entropy(hidden, weight, labels, epsilon, 40), expected)
 
 
-class _CountProducts(TorchDispatchMode):
-    """Counts the matrix products (mm, addmm and their in-place and out= forms) run under it."""
+@pytest.mark.parametrize("fused", [False, True])
+def test_a_batch_without_labelled_tokens_has_loss_zero_and_zero_gradients(fused):
+    """All -100 (a batch of padding): 0, not 0 / 0 = NaN, and gradients of 0 that leave the weights alone."""
+    hidden, weight, labels = hidden_weight_and_labels()
+    labels = torch.full_like(labels, -100)
+    if fused:
+        loss = linear_cross_entropy(hidden, weight, labels, 0.1)
+    else:
+        loss = smoothed(hidden @ weight.T, labels, 0.1)
+    grads = torch.autograd.grad(loss, (hidden, weight))
+    assert loss.item() == 0.0 and all(grad.abs().max() == 0 for grad in grads)
 
-    def __init__(self) -> None:
-        super().__init__()
-        self.products = 0
 
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.products += func.overloadpacket in (torch.ops.aten.mm, torch.ops.aten.addmm, torch.ops.aten.addmm_)
-        return func(*args, **(kwargs or {}))
-
-
-class _ProductDims(TorchDispatchMode):
-    """The dimensions of the matrix products (mm, addmm_) run under it."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.dims = set()
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if func.overloadpacket in (torch.ops.aten.mm, torch.ops.aten.addmm_):
-            self.dims |= {dim for matrix in args[-2:] for dim in matrix.shape}
-        return func(*args, **(kwargs or {}))
+def matrix_products(function) -> list[list[list[int]]]:
+    """The input shapes of every matrix product (mm, addmm_) that ``function()`` runs, the loss's op included (a
+    dispatch mode would see the op only, not the products inside it)."""
+    activities = [torch.profiler.ProfilerActivity.CPU]
+    with torch.profiler.profile(activities=activities, record_shapes=True) as profile:
+        function()
+    return [event.input_shapes for event in profile.events() if event.name in ("aten::mm", "aten::addmm_")]
 
 
 def test_linear_cross_entropy_multiplies_multiples_of_8_rows():
@@ -141,11 +144,16 @@ def test_linear_cross_entropy_multiplies_multiples_of_8_rows():
         hidden = torch.randn(2, 10, 12, dtype=torch.float64, requires_grad=True)
         labels = torch.full((2, 10), -100)
         labels.view(-1)[torch.randperm(20)[:labelled]] = torch.randint(0, 50, (labelled,))
-        with _ProductDims() as products:
+        results = []
+
+        def step(hidden=hidden, labels=labels, results=results):
             loss = linear_cross_entropy(hidden, weight, labels, 0.1)
-            grads = torch.autograd.grad(loss, (hidden, weight))
-        rows |= products.dims - {50, 12}
-        expected = token_cross_entropy(hidden @ weight.T, labels, 0.1)
+            results.append((loss, torch.autograd.grad(loss, (hidden, weight))))
+
+        shapes = matrix_products(step)
+        rows |= {dim for product in shapes for matrix in product[-2:] for dim in matrix} - {50, 12}
+        (loss, grads) = results[0]
+        expected = smoothed(hidden @ weight.T, labels, 0.1)
         torch.testing.assert_close(loss, expected, rtol=1e-12, atol=0)
         for grad, expected_grad in zip(grads, torch.autograd.grad(expected, (hidden, weight))):
             torch.testing.assert_close(grad, expected_grad, rtol=1e-10, atol=1e-12)
@@ -160,23 +168,19 @@ def test_linear_cross_entropy_without_grad_computes_the_loss_alone(no_grad, monk
     hidden, weight, labels = hidden_weight_and_labels()
     rows = -(-int((labels != -100).sum()) // 8) * 8  # the labelled positions, padded to a multiple of 8
     blocks = rows // 4
-    with _CountProducts() as with_grad:
-        expected = linear_cross_entropy(hidden, weight, labels, 0.1)
-    with no_grad(), _CountProducts() as without_grad:
-        loss = linear_cross_entropy(hidden, weight, labels, 0.1)
-    assert with_grad.products == 3 * blocks and without_grad.products == blocks
-    torch.testing.assert_close(loss, expected.detach(), rtol=0, atol=0)
+    results = []
+    with_grad = matrix_products(lambda: results.append(linear_cross_entropy(hidden, weight, labels, 0.1)))
+    with no_grad():
+        without_grad = matrix_products(lambda: results.append(linear_cross_entropy(hidden, weight, labels, 0.1)))
+    assert len(with_grad) == 3 * blocks and len(without_grad) == blocks
+    torch.testing.assert_close(results[1], results[0].detach(), rtol=0, atol=0)
 
 
 @pytest.mark.parametrize("epsilon", [0.0, 0.1])
 def test_linear_cross_entropy_gradcheck_in_float64(epsilon, monkeypatch):
     monkeypatch.setattr(loss_vanilla_transformer, "_ROWS", 2)
     hidden, weight, labels = hidden_weight_and_labels(torch.float64, batch=2, length=3, d_model=4, vocab=6)
-
-    def loss(h, w):
-        return LinearCrossEntropy.apply(h.flatten(0, 1), w, labels.flatten(), epsilon)
-
-    assert torch.autograd.gradcheck(loss, (hidden, weight))
+    assert torch.autograd.gradcheck(lambda h, w: linear_cross_entropy(h, w, labels, epsilon), (hidden, weight))
 
 
 def test_linear_cross_entropy_under_bf16_autocast():
@@ -186,7 +190,7 @@ def test_linear_cross_entropy_under_bf16_autocast():
     with torch.autocast("cpu", torch.bfloat16):
         loss = linear_cross_entropy(hidden, weight, labels, 0.1)
         logits = torch.nn.functional.linear(hidden, weight)
-        reference = token_cross_entropy(logits, labels, 0.1)  # the unfused path under the same autocast
+        reference = smoothed(logits, labels, 0.1)  # the unfused path under the same autocast
     grads = torch.autograd.grad(loss, (hidden, weight))
     expected_grads = torch.autograd.grad(reference, (hidden, weight))
     assert logits.dtype == torch.bfloat16 and loss.dtype == torch.float32
@@ -198,57 +202,228 @@ def test_linear_cross_entropy_under_bf16_autocast():
     torch.testing.assert_close(loss, exact, rtol=2e-2, atol=0)  # bfloat16 products: 8 bits of mantissa
 
 
-def test_model_skip_logits_gives_the_same_loss_without_logits():
-    model = tiny_model(dropout=0.0).train()
-    ids, labels = torch.randint(3, 64, (4, 6)), torch.randint(3, 64, (4, 5))
+def test_linear_cross_entropy_in_float16():
+    """A float16 model (no autocast): float16 products, float32 sums, float16 gradients close to float32's."""
+    hidden, weight, labels = hidden_weight_and_labels(torch.float16, d_model=64, vocab=1000)
+    loss = linear_cross_entropy(hidden, weight, labels, 0.1)
+    grads = torch.autograd.grad(loss, (hidden, weight))
+    exact = [t.detach().float().requires_grad_() for t in (hidden, weight)]
+    expected = linear_cross_entropy(*exact, labels, 0.1)
+    expected_grads = torch.autograd.grad(expected, exact)
+    assert loss.dtype == torch.float32 and grads[0].dtype == grads[1].dtype == torch.float16
+    torch.testing.assert_close(loss, expected, rtol=1e-3, atol=0)
+    for grad, expected_grad in zip(grads, expected_grads):
+        torch.testing.assert_close(grad.float(), expected_grad, rtol=1e-2, atol=1e-3)
+
+
+def test_a_checkpoints_copy_of_the_loss_defines_its_own_op():
+    """A checkpoint loaded with trust_remote_code imports its copy of this file under another module name, in the same
+    process as the package: each copy keeps an op of its own (a second definition of one op name would replace the
+    first's code), and both compute the same loss."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(
+        "transformers_modules.checkpoint.loss_vanilla_transformer", loss_vanilla_transformer.__file__
+    )
+    copy_ = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(copy_)
+    assert copy_._OP_NAME != loss_vanilla_transformer._OP_NAME
+    hidden, weight, labels = hidden_weight_and_labels()
+    torch.testing.assert_close(
+        copy_.linear_cross_entropy(hidden, weight, labels, 0.1),
+        linear_cross_entropy(hidden, weight, labels, 0.1),
+        rtol=0,
+        atol=0,
+    )
+
+
+def model_batch(batch=4):
+    ids, labels = torch.randint(3, 64, (batch, 6)), torch.randint(3, 64, (batch, 5))
     labels[0, 2:] = -100
+    return ids, labels
+
+
+@pytest.fixture
+def fused_calls(monkeypatch) -> list[int]:
+    """One entry per call of the loss without logits from the model's forward."""
+    calls = []
+
+    def recording(*args, **kwargs):
+        calls.append(1)
+        return linear_cross_entropy(*args, **kwargs)
+
+    monkeypatch.setattr(modeling_vanilla_transformer, "linear_cross_entropy", recording)
+    return calls
+
+
+def test_model_skip_logits_gives_the_same_loss_without_logits(fused_calls):
+    model = tiny_model(dropout=0.0).train()
+    ids, labels = model_batch()
     results = []
     for skip_logits in (False, True):
         model.zero_grad()
-        out = model(input_ids=ids, labels=labels, smoothing=0.1, skip_logits=skip_logits)
+        out = model(input_ids=ids, labels=labels, label_smoothing=0.1, skip_logits=skip_logits)
         out.loss.backward()
         results.append((out, [p.grad.clone() for p in model.parameters()]))
     (full, full_grads), (skipped, skipped_grads) = results
-    assert full.logits.shape == (4, 5, 64) and skipped.logits is None
+    assert full.logits.shape == (4, 5, 64) and skipped.logits is None and fused_calls == [1]
     torch.testing.assert_close(skipped.loss, full.loss, rtol=1e-6, atol=0)
     for a, b in zip(skipped_grads, full_grads):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-7)
     with pytest.raises(ValueError, match="skip_logits=True returns only the loss, so it needs `labels`"):
         model(input_ids=ids, decoder_input_ids=labels.clamp(min=0), skip_logits=True)
-    # a hook (or an adapter) on lm_head would be bypassed by the fused loss: lm_head then runs as usual
-    calls = []
-    model.lm_head.register_forward_hook(lambda *args: calls.append(1))
-    hooked = model(input_ids=ids, labels=labels, smoothing=0.1, skip_logits=True)
-    assert calls == [1] and hooked.logits is not None
-    torch.testing.assert_close(hooked.loss, full.loss, rtol=1e-6, atol=0)
 
 
-def test_model_loss_is_label_smoothed_and_accumulates_exactly():
-    """The model's smoothing equals LabelSmoother on its logits; with Trainer's num_items_in_batch the summed
-    micro-batch gradients equal the whole batch's."""
+def test_model_loss_is_label_smoothed_through_its_loss_function_and_accumulates_exactly():
+    """``label_smoothing`` reaches the model's loss_function (``loss_type``: its class name in transformers'
+    LOSS_MAPPING) and equals LabelSmoother on the logits; with Trainer's num_items_in_batch the summed micro-batch
+    gradients equal the whole batch's."""
     model = tiny_model().train()
-    ids = torch.randint(3, 64, (4, 6))
-    labels = torch.randint(3, 64, (4, 5))
-    labels[0, 2:] = -100  # unequal numbers of labelled tokens per example
+    assert model.loss_type == "VanillaTransformerForConditionalGeneration"
+    assert model.loss_function is label_smoothed_cross_entropy
+    ids, labels = model_batch()
     total = int((labels != -100).sum())
-    torch.manual_seed(0)
-    out = model(input_ids=ids, labels=labels, smoothing=0.1, num_items_in_batch=total)
+    out = model(input_ids=ids, labels=labels, label_smoothing=0.1, num_items_in_batch=total)
     expected = LabelSmoother(epsilon=0.1)(out, labels, num_items_in_batch=total)
     torch.testing.assert_close(out.loss, expected, rtol=1e-6, atol=0)
+    unsmoothed = model(input_ids=ids, labels=labels, num_items_in_batch=total).loss
+    assert (out.loss - unsmoothed).abs() > 1e-3  # ε took effect
 
     model.eval()  # no dropout, so that micro-batches see the same network
-    model(input_ids=ids, labels=labels, smoothing=0.1, num_items_in_batch=total).loss.backward()
+    model(input_ids=ids, labels=labels, label_smoothing=0.1, num_items_in_batch=total).loss.backward()
     whole = [p.grad.clone() for p in model.parameters()]
     model.zero_grad()
     for row in range(4):
         rows = slice(row, row + 1)
-        model(input_ids=ids[rows], labels=labels[rows], smoothing=0.1, num_items_in_batch=total).loss.backward()
+        model(input_ids=ids[rows], labels=labels[rows], label_smoothing=0.1, num_items_in_batch=total).loss.backward()
     for a, b in zip(whole, [p.grad for p in model.parameters()]):
         torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-5)
 
 
+def test_a_loss_function_set_by_the_user_wins(fused_calls):
+    """``model.loss_function = fn`` gets the logits, the targets and the keyword arguments, label smoothing
+    included, also when only the loss is asked for; the loss without logits would bypass it."""
+    model = tiny_model(dropout=0.0).train()
+    ids, labels = model_batch()
+    seen = []
+
+    def loss_function(logits, labels, vocab_size, shift_labels=None, **kwargs):
+        seen.append((logits.shape, shift_labels, kwargs["label_smoothing"]))
+        return logits.float().logsumexp(-1).mean()
+
+    model.loss_function = loss_function
+    assert model.loss_path() == (False, "model.loss_function was replaced: it gets the logits")
+    out = model(input_ids=ids, labels=labels, label_smoothing=0.1, skip_logits=True)
+    assert fused_calls == [] and out.logits is None and len(seen) == 1
+    assert seen[0][0] == (4, 5, 64) and seen[0][1] is labels and seen[0][2] == 0.1
+
+
+def test_loss_path_eager_on_cpu_and_with_a_hook_on_lm_head(fused_calls):
+    """On a CPU, a forward asked for the loss alone computes it without logits; a hook on lm_head (which that would
+    bypass) sends it through lm_head and the loss function instead, with the same loss."""
+    model = tiny_model(dropout=0.0).train()
+    ids, labels = model_batch()
+    assert model.loss_path() == (True, "lm_head is a plain nn.Linear on cpu")
+    assert str(model.loss_path()) == "cross-entropy without logits (lm_head is a plain nn.Linear on cpu)"
+    assert model.loss_path(skip_logits=False) == (False, "the logits are asked for")
+    fused = model(input_ids=ids, labels=labels, label_smoothing=0.1, skip_logits=True)
+    calls = []
+    model.lm_head.register_forward_hook(lambda *args: calls.append(1))
+    assert model.loss_path() == (
+        False,
+        "lm_head has forward hooks (an FSDP unit or another hook), which it would bypass",
+    )
+    hooked = model(input_ids=ids, labels=labels, label_smoothing=0.1, skip_logits=True)
+    assert fused_calls == [1] and calls == [1] and hooked.logits is None
+    torch.testing.assert_close(hooked.loss, fused.loss, rtol=1e-6, atol=0)
+
+
+def test_loss_path_off_the_cpu_is_the_loss_of_the_logits(fused_calls, monkeypatch):
+    """On a GPU the loss of the logits is the default (the loss without logits is measured faster on CPUs only): the
+    decision as it is made for a device that is not the CPU (a model on the meta device, and the CPU struck from the
+    devices of the loss without logits)."""
+    on_meta = tiny_model().to("meta")
+    assert on_meta.loss_path() == (False, "on meta the loss of the logits is the default")
+    monkeypatch.setattr(modeling_vanilla_transformer, "LOGIT_FREE_DEVICES", ("cuda",))
+    model = tiny_model(dropout=0.0).train()
+    ids, labels = model_batch()
+    assert model.loss_path() == (False, "on cpu the loss of the logits is the default")
+    out = model(input_ids=ids, labels=labels, label_smoothing=0.1, skip_logits=True)
+    assert fused_calls == [] and out.logits is None
+    expected = model(input_ids=ids, labels=labels, label_smoothing=0.1)
+    torch.testing.assert_close(out.loss, expected.loss, rtol=1e-6, atol=0)
+
+
+def test_loss_path_with_peft_lora_on_lm_head(fused_calls):
+    """peft's LoRA on lm_head replaces it with an adapter layer, whose weight alone is not the projection: the loss
+    of the logits, through the adapter; the adapter's gradient flows."""
+    peft = pytest.importorskip("peft")
+    config = peft.LoraConfig(r=4, target_modules=["lm_head", "qkv_proj"], task_type="SEQ_2_SEQ_LM")
+    model = peft.get_peft_model(tiny_model(dropout=0.0).train(), config)
+    base = model.get_base_model()
+    assert base.loss_path() == (False, "lm_head is a Linear (an adapter?), not a bias-free nn.Linear")
+    ids, labels = model_batch()
+    out = model(input_ids=ids, labels=labels, label_smoothing=0.1, skip_logits=True)
+    out.loss.backward()
+    assert fused_calls == [] and out.logits is None
+    assert base.lm_head.lora_B["default"].weight.grad is not None
+    # LoRA elsewhere only: lm_head stays plain, and the loss without logits runs
+    plain = peft.get_peft_model(tiny_model(dropout=0.0).train(), peft.LoraConfig(r=4, target_modules=["qkv_proj"]))
+    assert plain.get_base_model().loss_path().logit_free
+    plain(input_ids=ids, labels=labels, label_smoothing=0.1, skip_logits=True).loss.backward()
+    assert fused_calls == [1]
+
+
+@pytest.fixture
+def gloo_group(tmp_path):
+    """A process group of this one process (gloo), as DDP and FSDP2 need; destroyed afterwards."""
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    yield
+    dist.destroy_process_group()
+
+
+def test_loss_path_under_ddp(gloo_group, fused_calls):
+    """DDP wraps the model and leaves lm_head as it is: the loss without logits runs inside the wrapped forward, and
+    DDP's gradient hooks see its gradients."""
+    model = tiny_model(dropout=0.0).train()
+    reference = copy.deepcopy(model)
+    wrapped = torch.nn.parallel.DistributedDataParallel(model)
+    ids, labels = model_batch()
+    assert model.loss_path().logit_free
+    wrapped(input_ids=ids, labels=labels, label_smoothing=0.1, skip_logits=True).loss.backward()
+    reference(input_ids=ids, labels=labels, label_smoothing=0.1).loss.backward()
+    assert fused_calls == [1]
+    for a, b in zip(model.parameters(), reference.parameters()):
+        torch.testing.assert_close(a.grad, b.grad, rtol=1e-5, atol=1e-7)
+
+
+def test_loss_path_under_fsdp2(gloo_group, fused_calls):
+    """FSDP2 as Accelerate applies it (one unit per layer, the tied embedding and lm_head in one unit, the root):
+    lm_head's weight is sharded outside that unit's hooks, which the loss without logits would bypass, so the loss
+    of the logits runs, and says why."""
+    from torch.distributed.fsdp import fully_shard
+
+    model = tiny_model(dropout=0.0).train()
+    reference = copy.deepcopy(model)
+    for layer in (*model.model.encoder.layers, *model.model.decoder.layers):
+        fully_shard(layer)
+    fully_shard([model.model.shared, model.lm_head])
+    fully_shard(model)
+    assert model.loss_path() == (
+        False,
+        "lm_head has forward hooks (an FSDP unit or another hook), which it would bypass",
+    )
+    ids, labels = model_batch()
+    loss = model(input_ids=ids, labels=labels, label_smoothing=0.1, skip_logits=True).loss
+    expected = reference(input_ids=ids, labels=labels, label_smoothing=0.1).loss
+    assert fused_calls == []
+    torch.testing.assert_close(loss, expected, rtol=1e-6, atol=0)
+
+
 def record_forward_kwargs(monkeypatch, model) -> list[dict]:
-    """The keyword arguments of every call of the model's forward (whose signature the trainer still reads)."""
+    """The keyword arguments of every call of the model's forward."""
     calls, forward = [], type(model).forward
 
     @functools.wraps(forward)
@@ -262,7 +437,7 @@ def record_forward_kwargs(monkeypatch, model) -> list[dict]:
 
 def test_project_trainer_hands_label_smoothing_to_the_model(tmp_path, monkeypatch, one_thread):
     """train.py's trainer gives the same loss and gradients as Seq2SeqTrainer with its LabelSmoother, but the model
-    computes them: LabelSmoother is never called in training."""
+    computes them: LabelSmoother is off, and the model gets ε and skip_logits."""
     model = tiny_model(dropout=0.0).train()
     args = Seq2SeqTrainingArguments(
         output_dir=str(tmp_path), label_smoothing_factor=0.1, report_to=[], use_cpu=True, gradient_accumulation_steps=2
@@ -282,15 +457,17 @@ def test_project_trainer_hands_label_smoothing_to_the_model(tmp_path, monkeypatc
         return loss, [p.grad for p in copy_.parameters()], trainer
 
     expected, expected_grads, _ = step(Seq2SeqTrainer)
-    calls = []
-    monkeypatch.setattr(LabelSmoother, "__call__", lambda *a, **k: calls.append(1))
     model_kwargs = record_forward_kwargs(monkeypatch, model)
     loss, grads, trainer = step(TranslationTrainer)
-    assert calls == [] and trainer.label_smoother.epsilon == 0.1  # still there for evaluation with generation
-    assert model_kwargs[-1]["smoothing"] == 0.1 and model_kwargs[-1]["skip_logits"] is True
+    assert trainer.label_smoother is None and trainer.model_computes_loss
+    assert model_kwargs[-1]["label_smoothing"] == 0.1 and model_kwargs[-1]["skip_logits"] is True
     torch.testing.assert_close(loss, expected, rtol=1e-6, atol=0)
     for a, b in zip(grads, expected_grads):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-7)
+    assert trainer.describe_loss() == (
+        "loss: label smoothing 0.1, cross-entropy without logits (lm_head is a plain nn.Linear on cpu), "
+        "in the model's forward"
+    )
 
 
 def test_project_trainer_skips_the_logits_in_training_only(tmp_path, monkeypatch, one_thread):
@@ -302,16 +479,108 @@ def test_project_trainer_skips_the_logits_in_training_only(tmp_path, monkeypatch
     model_kwargs = record_forward_kwargs(monkeypatch, model)
     trainer = TranslationTrainer(model=model, args=args)
     loss = trainer.compute_loss(model, dict(batch))
-    assert model_kwargs[-1]["skip_logits"] is True and "smoothing" not in model_kwargs[-1]
+    assert model_kwargs[-1]["skip_logits"] is True and "label_smoothing" not in model_kwargs[-1]
     torch.testing.assert_close(loss, Seq2SeqTrainer(model=model, args=args).compute_loss(model, dict(batch)))
     loss, outputs = trainer.compute_loss(model, dict(batch), return_outputs=True)
     assert "skip_logits" not in model_kwargs[-1] and outputs.logits.shape == (2, 4, 64)
 
 
+def test_project_trainer_under_torch_compile_takes_the_loss_without_logits(tmp_path, one_thread):
+    """Handed a compiled model (as Accelerate hands it with torch_compile=True), the trainer still passes ε and
+    skip_logits, which a compiled wrapper's bare signature used to hide: the graph calls the loss without logits."""
+    model = tiny_model(dropout=0.0).train()
+    args = Seq2SeqTrainingArguments(output_dir=str(tmp_path), label_smoothing_factor=0.1, report_to=[], use_cpu=True)
+    trainer = TranslationTrainer(model=model, args=args)
+    ids, labels = model_batch()
+    expected = model(input_ids=ids, labels=labels, label_smoothing=0.1).loss
+    import torch._dynamo
+
+    torch._dynamo.reset()
+    graphs = []
+    compiled = torch.compile(model, backend=lambda graph, inputs: graphs.append(graph) or graph.forward)
+    loss = trainer.compute_loss(compiled, {"input_ids": ids, "labels": labels})
+    namespace, name = loss_vanilla_transformer._OP_NAME.split("::")
+    op = getattr(getattr(torch.ops, namespace), name).default
+    assert sum([node.target for node in graph.graph.nodes].count(op) for graph in graphs) == 1
+    torch.testing.assert_close(loss, expected, rtol=1e-6, atol=0)
+
+
+def tiny_marian():
+    from transformers import MarianConfig, MarianMTModel
+
+    return MarianMTModel(
+        MarianConfig(
+            vocab_size=64,
+            d_model=32,
+            encoder_layers=1,
+            decoder_layers=1,
+            encoder_attention_heads=2,
+            decoder_attention_heads=2,
+            encoder_ffn_dim=64,
+            decoder_ffn_dim=64,
+            max_position_embeddings=64,
+            pad_token_id=0,
+            decoder_start_token_id=1,
+        )
+    )
+
+
+def test_project_trainer_trains_marian_as_seq2seq_trainer_does(tmp_path, one_thread):
+    """A model without the loss's keyword arguments (MarianMTModel, which the benchmarks train with this trainer):
+    Trainer's LabelSmoother smooths its logits, as in Seq2SeqTrainer, and the start-up line says so."""
+    model = tiny_marian().eval()  # no dropout: the two trainers see the same network
+    args = Seq2SeqTrainingArguments(output_dir=str(tmp_path), label_smoothing_factor=0.1, report_to=[], use_cpu=True)
+    trainer = TranslationTrainer(model=model, args=args)
+    ids, labels = model_batch()
+    batch = {
+        "input_ids": ids,
+        "labels": labels,
+        "decoder_input_ids": model.prepare_decoder_input_ids_from_labels(labels),
+    }
+    assert not trainer.model_computes_loss and trainer.label_smoother.epsilon == 0.1
+    assert trainer.describe_loss() == "loss: Trainer's LabelSmoother (label smoothing 0.1) on the model's logits"
+    loss = trainer.compute_loss(model, dict(batch))
+    expected = Seq2SeqTrainer(model=model, args=args).compute_loss(model, dict(batch))
+    torch.testing.assert_close(loss, expected)
+
+
+@pytest.mark.parametrize("predict_with_generate", [False, True])
+def test_project_trainer_evaluates_with_the_smoothed_loss(tmp_path, one_thread, predict_with_generate):
+    """The evaluation loss is the label-smoothed loss, as Seq2SeqTrainer's LabelSmoother reports it, with and
+    without generation (where Seq2SeqTrainer calls the model beside generate())."""
+    from conftest import word_tokenizer
+    from datasets import Dataset
+    from transformers import DataCollatorForSeq2Seq
+
+    model = tiny_model(dropout=0.0)
+    tokenizer = word_tokenizer(["a", "b", "c", "d", "e"])
+    rows = [{"input_ids": [5, 6, 7, 2], "labels": [8, 2]}, {"input_ids": [6, 2], "labels": [5, 6, 7, 8, 2]}] * 3
+    args = Seq2SeqTrainingArguments(
+        output_dir=str(tmp_path),
+        report_to=[],
+        use_cpu=True,
+        per_device_eval_batch_size=6,
+        label_smoothing_factor=0.1,
+        predict_with_generate=predict_with_generate,
+        generation_max_length=8,
+    )
+    collator = DataCollatorForSeq2Seq(tokenizer, model=model)
+    metrics = {}
+    for trainer_class in (Seq2SeqTrainer, TranslationTrainer):
+        trainer = trainer_class(model=model, args=args, eval_dataset=Dataset.from_list(rows), data_collator=collator)
+        metrics[trainer_class] = trainer.evaluate()["eval_loss"]
+    batch = collator(rows)
+    with torch.no_grad():
+        expected = LabelSmoother(0.1)(model(**batch), batch["labels"]).item()
+    assert metrics[TranslationTrainer] == pytest.approx(expected, rel=1e-5)
+    assert metrics[Seq2SeqTrainer] == pytest.approx(expected, rel=1e-5)
+
+
 def test_a_stock_trainer_evaluates_our_model_with_its_loss_and_labels(tmp_path, one_thread):
     """Trainer takes every argument of ``forward`` with "label" in its name for a label input (``find_labels``) and
-    computes an evaluation loss only when all of them are in the batch: ours has ``labels`` alone, so a stock
-    Seq2SeqTrainer without generation reports ``eval_loss`` and hands the labels to ``compute_metrics``."""
+    computes an evaluation loss only when all of them are in the batch: ours has ``labels`` alone (the loss's keyword
+    arguments are not named arguments), so a stock Seq2SeqTrainer without generation reports ``eval_loss`` and hands
+    the labels to ``compute_metrics``."""
     from conftest import word_tokenizer
     from datasets import Dataset
     from transformers import DataCollatorForSeq2Seq

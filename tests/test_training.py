@@ -324,7 +324,7 @@ def test_the_trainer_follows_the_papers_recipe(tmp_path, demo_tokenizer):
     trainer.create_optimizer_and_scheduler(num_training_steps=100_000)
     group = trainer.optimizer.param_groups[0]
     assert (group["betas"], group["eps"], group["weight_decay"]) == ((0.9, 0.98), 1e-9, 0.0)
-    assert trainer.label_smoother.epsilon == 0.1
+    assert args.label_smoothing_factor == 0.1 and trainer.model_computes_loss  # ε_ls, applied by the model (§5.4)
     assert args.generation_num_beams == 4 and args.predict_with_generate
     # stop beam search when no running beam can win, not at the first 4 finished hypotheses (short, broken ones)
     generation = default_generation_config(trainer.model.config)

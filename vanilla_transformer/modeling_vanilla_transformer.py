@@ -14,6 +14,7 @@ from transformers import initialization as init
 from transformers.activations import ACT2FN
 from transformers.cache_utils import Cache, DynamicCache, EncoderDecoderCache
 from transformers.generation import GenerationMixin
+from transformers.loss.loss_utils import LOSS_MAPPING
 from transformers.masking_utils import create_bidirectional_mask, create_causal_mask
 from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_outputs import (
@@ -32,7 +33,7 @@ from transformers.utils.output_capturing import OutputRecorder, capture_outputs
 
 from .configuration_vanilla_transformer import VanillaTransformerConfig
 from .input_checks_vanilla_transformer import check_inputs
-from .loss_vanilla_transformer import linear_cross_entropy, token_cross_entropy
+from .loss_vanilla_transformer import LOGIT_FREE_DEVICES, LossPath, label_smoothed_cross_entropy, linear_cross_entropy
 
 
 def shift_tokens_right(input_ids: torch.Tensor, pad_token_id: int | None, decoder_start_token_id: int | None):
@@ -558,10 +559,27 @@ class VanillaTransformerModel(VanillaTransformerPreTrainedModel):
         )
 
 
+class LossKwargs(TransformersKwargs, total=False):
+    """The keyword arguments of the LM head's loss, beside transformers' own.
+
+    label_smoothing (`float`, defaults to 0.0): ε_ls, the weight of the uniform distribution mixed into the target
+        ("label smoothing of value ε_ls = 0.1", §5.4); transformers' Trainer applies its ``label_smoothing_factor``
+        with ``LabelSmoother`` on the logits instead, the project's trainer passes it here.
+    skip_logits (`bool`, defaults to False): only the loss is wanted (a training step): the output's ``logits`` are
+        None, and where ``loss_path`` allows (a plain ``lm_head`` on a CPU) the loss is computed without making them.
+        The name transformers' Trainer passes for Liger kernels.
+    """
+
+    label_smoothing: float
+    skip_logits: bool
+
+
 class VanillaTransformerForConditionalGeneration(VanillaTransformerPreTrainedModel, GenerationMixin):
     """The Transformer with its pre-softmax linear projection (§3.4) for translation; returns logits, not
-    probabilities. With ``labels`` it returns the mean token cross-entropy, label-smoothed by ``smoothing``
-    (§5.4; positions labelled -100 are ignored)."""
+    probabilities. With ``labels`` it returns the mean token cross-entropy through ``self.loss_function``
+    (``label_smoothed_cross_entropy``), label-smoothed by the keyword argument ``label_smoothing`` (§5.4; positions
+    labelled -100 are ignored); with ``skip_logits=True`` on a CPU, computed without making the logits
+    (``loss_path`` says which)."""
 
     def __init__(self, config: VanillaTransformerConfig):
         super().__init__(config)
@@ -608,17 +626,14 @@ class VanillaTransformerForConditionalGeneration(VanillaTransformerPreTrainedMod
         labels: torch.LongTensor | None = None,
         use_cache: bool | None = None,
         num_items_in_batch: int | torch.Tensor | None = None,
-        smoothing: float = 0.0,
-        skip_logits: bool = False,
-        **kwargs: Unpack[TransformersKwargs],
+        **kwargs: Unpack[LossKwargs],
     ) -> Seq2SeqLMOutput:
         r"""num_items_in_batch: the number of labelled tokens in the whole (accumulated) batch, passed by Trainer, so
         that the loss summed over micro-batches is the mean over that batch whatever the accumulation.
-        smoothing: label smoothing ε_ls of the loss (§5.4; the project's trainer passes ``label_smoothing_factor``
-        here). Not named ``label_…``: Trainer takes every ``forward`` argument with "label" in its name for a label
-        input, and would then compute no evaluation loss.
-        skip_logits: only the loss is needed: it is then computed without making the logits (``logits=None``), which
-        saves their memory and time (the project's trainer asks for this in training steps)."""
+        label_smoothing, skip_logits: the loss's keyword arguments (``LossKwargs``): label smoothing ε_ls (§5.4) and
+        "only the loss is needed" (``logits=None``); the project's trainer passes both in training steps."""
+        label_smoothing = kwargs.pop("label_smoothing", 0.0)
+        skip_logits = kwargs.pop("skip_logits", False)
         if skip_logits and labels is None:
             raise ValueError("skip_logits=True returns only the loss, so it needs `labels`.")
         if labels is not None:
@@ -638,18 +653,53 @@ class VanillaTransformerForConditionalGeneration(VanillaTransformerPreTrainedMod
             use_cache=use_cache,
             **kwargs,
         )
-        hidden, head, loss, logits = outputs.last_hidden_state, self.lm_head, None, None
-        # the fused loss reads lm_head's weight: not with an adapter or a hook on lm_head, which it would bypass
-        plain_head = type(head) is nn.Linear and not (head._forward_hooks or head._forward_pre_hooks)
-        if skip_logits and plain_head:
-            loss = linear_cross_entropy(hidden, head.weight, labels, smoothing, num_items_in_batch)
+        hidden, loss, logits = outputs.last_hidden_state, None, None
+        if labels is not None and self.loss_path(skip_logits).logit_free:
+            loss = linear_cross_entropy(hidden, self.lm_head.weight, labels, label_smoothing, num_items_in_batch)
         else:
-            logits = head(hidden)  # (batch, tgt_len, target vocab)
+            logits = self.lm_head(hidden)  # (batch, tgt_len, target vocab)
             if labels is not None:
-                loss = token_cross_entropy(logits, labels, smoothing, num_items_in_batch)
+                # as transformers' encoder-decoder models: the decoder input is already shifted right, so the labels
+                # are the targets of the logits position for position (shift_labels)
+                loss = self.loss_function(
+                    logits=logits,
+                    labels=None,
+                    vocab_size=self.config.decoder_vocab_size,
+                    num_items_in_batch=num_items_in_batch,
+                    shift_labels=labels,
+                    label_smoothing=label_smoothing,
+                    **kwargs,
+                )
         # the model's outputs (cache, hidden states, attentions), with the logits in place of the last hidden state
         others = {name: value for name, value in outputs.items() if name != "last_hidden_state"}
-        return Seq2SeqLMOutput(loss=loss, logits=logits, **others)
+        return Seq2SeqLMOutput(loss=loss, logits=None if skip_logits else logits, **others)
+
+    def loss_path(self, skip_logits: bool = True) -> LossPath:
+        """Which loss a forward with labels computes, and why; the one place it is decided, deterministically (the
+        project's trainer prints it when training starts). Without logits (``linear_cross_entropy``) only when
+        ``skip_logits`` asks for the loss alone, the loss function is the model's own, and ``lm_head`` is a plain
+        ``nn.Linear`` on a CPU whose weight it can read directly; else ``self.loss_function`` on the logits."""
+        head = self.lm_head
+        if not skip_logits:
+            return LossPath(False, "the logits are asked for")
+        if hasattr(self, "_loss_function") or self.loss_type != LOSS_TYPE:
+            return LossPath(False, "model.loss_function was replaced: it gets the logits")
+        if not isinstance(head, nn.Linear) or head.bias is not None:
+            return LossPath(False, f"lm_head is a {type(head).__name__} (an adapter?), not a bias-free nn.Linear")
+        weight = head.weight
+        if head._forward_hooks or head._forward_pre_hooks:
+            return LossPath(False, "lm_head has forward hooks (an FSDP unit or another hook), which it would bypass")
+        if type(weight) not in (torch.Tensor, nn.Parameter):
+            return LossPath(False, f"lm_head's weight is a {type(weight).__name__}, not a plain tensor")
+        if weight.device.type not in LOGIT_FREE_DEVICES:
+            return LossPath(False, f"on {weight.device.type} the loss of the logits is the default")
+        return LossPath(True, f"lm_head is a plain nn.Linear on {weight.device.type}")
+
+
+# The LM head's loss_type: PreTrainedModel.__init__ finds the class name in LOSS_MAPPING, and self.loss_function is then
+# label_smoothed_cross_entropy (transformers' default for "ForConditionalGeneration", ForCausalLMLoss, takes no ε)
+LOSS_TYPE = "VanillaTransformerForConditionalGeneration"
+LOSS_MAPPING[LOSS_TYPE] = label_smoothed_cross_entropy
 
 
 class VanillaTransformerClassificationHead(nn.Module):

@@ -4,9 +4,9 @@ split are decoded and scored as translate.py decodes and scores them."""
 from __future__ import annotations
 
 import contextlib
-import inspect
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from functools import partial
 
 import datasets
 from accelerate.utils import gather_object
@@ -17,7 +17,7 @@ from transformers import (
     Seq2SeqTrainingArguments,
     TrainerCallback,
 )
-from transformers.trainer_utils import EvalLoopOutput, PredictionOutput
+from transformers.trainer_utils import EvalLoopOutput, PredictionOutput, unwrap_peft_model
 
 from ..inference.score import make_compute_metrics, score  # noqa: F401  (make_compute_metrics: imported from here too)
 from ..inference.translate import generate_in_batches
@@ -45,14 +45,17 @@ class TranslationCollator(DataCollatorForSeq2Seq):
 
 class TranslationTrainer(TrainerOverrides, BudgetSchedule, TokenBatchingSeq2SeqTrainer):
     """The trainer train.py uses: token batching (TokenBatchingSeq2SeqTrainer), a time budget
-    (time_budget.BudgetSchedule), sharding that cannot run where it was asked for refused in one line, and label
-    smoothing computed by the model. It overrides public hooks only; the private methods that workarounds of
-    transformers' and PyTorch's limits override sit in `workarounds.overrides.TrainerOverrides`.
+    (time_budget.BudgetSchedule), sharding that cannot run where it was asked for refused in one line, and the loss,
+    label smoothing included, computed inside the model's forward. It overrides public hooks only; the private methods
+    that workarounds of transformers' and PyTorch's limits override sit in `workarounds.overrides.TrainerOverrides`.
 
-    With ``label_smoothing_factor``, a model whose ``forward`` takes ``smoothing`` (ours) computes the smoothed
-    training loss itself, with the same value as Trainer's ``LabelSmoother`` (which needs a log-softmax of the logits'
-    size and its backward), and in training steps a model that takes ``skip_logits`` returns that loss without making
-    the logits at all. (Evaluation keeps the logits.)
+    A model with a ``loss_path`` (ours) takes the loss's documented keyword arguments: ``compute_loss`` passes
+    ``label_smoothing=args.label_smoothing_factor`` (so Trainer's ``LabelSmoother``, which would smooth the logits
+    outside the forward, is off) and, in training steps, ``skip_logits=True``: only the loss is used, and on a CPU the
+    model then computes it without making the logits. The loss stays in the forward that DDP and FSDP wrap, and the
+    model decides its path itself, on the module, also under ``torch_compile``. Any other model (MarianMTModel), or
+    ours with a ``compute_loss_func``, trains as under Seq2SeqTrainer. ``describe_loss`` says which loss the training
+    steps compute and why; it is printed when training starts.
 
     Evaluation and prediction of a split that holds its sentences (the validation and test splits of
     ``data.tokenize_splits``; ``languages`` names the source and target) go the way translate.py goes: the Trainer's
@@ -69,6 +72,26 @@ class TranslationTrainer(TrainerOverrides, BudgetSchedule, TokenBatchingSeq2SeqT
         super().__init__(*args, **kwargs)
         self.languages = languages
         self._translating: tuple[datasets.Dataset, dict] | None = None  # the split evaluated now, generate() options
+        model = None if self.model is None else unwrap_peft_model(self.model)
+        # whether the model computes the loss, label smoothing included, from the keyword arguments compute_loss adds;
+        # decided once, on the model itself (not on a DDP, FSDP or torch.compile wrapper)
+        self.model_computes_loss = hasattr(model, "loss_path") and self.compute_loss_func is None
+        if self.model_computes_loss:
+            self.label_smoother = None  # the model smooths, inside its forward
+        self.add_callback(LossReportCallback(self.describe_loss))
+
+    def describe_loss(self) -> str:
+        """One line: the loss the training steps compute, and why (for a model with a ``loss_path``, its decision
+        for the model as prepared when training starts: FSDP, an adapter, the device)."""
+        epsilon = self.args.label_smoothing_factor
+        if self.compute_loss_func is not None:
+            return "loss: compute_loss_func on the model's outputs"
+        if not self.model_computes_loss:
+            if self.label_smoother is not None:
+                return f"loss: Trainer's LabelSmoother (label smoothing {epsilon:g}) on the model's logits"
+            return "loss: the model's own"
+        smoothing = f"label smoothing {epsilon:g}, " if epsilon else ""
+        return f"loss: {smoothing}{unwrap_peft_model(self.model).loss_path(skip_logits=True)}, in the model's forward"
 
     @contextlib.contextmanager
     def _translation_of(self, dataset, gen_kwargs: dict) -> Iterator[None]:
@@ -157,24 +180,34 @@ class TranslationTrainer(TrainerOverrides, BudgetSchedule, TokenBatchingSeq2SeqT
         super().end()
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
-        forward = inspect.signature(self.accelerator.unwrap_model(model).forward).parameters
-        smoother, extra = self.label_smoother, {}
-        if smoother is not None and "smoothing" in forward:
-            extra["smoothing"] = smoother.epsilon
-        if not return_outputs and "skip_logits" in forward and (smoother is None or extra):
-            extra["skip_logits"] = True  # a training step: only the loss is used
-        if not extra or "labels" not in inputs or self.compute_loss_func is not None:
-            return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
-        # Trainer would pop the labels and smooth the logits itself; hand the labels and ε to the model instead
-        self.label_smoother = None
-        try:
-            return super().compute_loss(model, {**inputs, **extra}, return_outputs, num_items_in_batch)
-        finally:
-            self.label_smoother = smoother
+        if self.model_computes_loss and "labels" in inputs:
+            epsilon = self.args.label_smoothing_factor
+            inputs = {**inputs, **({"label_smoothing": epsilon} if epsilon else {})}
+            if not return_outputs:  # a training step: only the loss is used
+                inputs["skip_logits"] = True
+        return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
+
+    def prediction_step(self, model, inputs, prediction_loss_only, ignore_keys=None, **gen_kwargs):
+        generates = self.args.predict_with_generate and not prediction_loss_only
+        if generates and self.model_computes_loss and self.args.label_smoothing_factor:
+            # Seq2SeqTrainer takes the loss of `model(**inputs)` beside generate(): the same smoothed loss as training
+            model = partial(model, label_smoothing=self.args.label_smoothing_factor)
+        return super().prediction_step(model, inputs, prediction_loss_only, ignore_keys, **gen_kwargs)
 
     def create_accelerator_and_postprocess(self) -> None:
         check_parallelism_can_run(self.args)  # FSDP and DeepSpeed on CPU processes: one line, before any set-up
         super().create_accelerator_and_postprocess()
+
+
+class LossReportCallback(TrainerCallback):
+    """Prints, on the main process when training starts (the model wrapped by then), the trainer's ``describe_loss``."""
+
+    def __init__(self, describe: Callable[[], str], print_fn: Callable[[str], None] = print):
+        self.describe, self.print_fn = describe, print_fn
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        if state.is_world_process_zero:
+            self.print_fn(self.describe())
 
 
 def build_trainer(
