@@ -21,6 +21,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 BENCHMARKS = {
     "model_speed": "speed and memory of this model against MarianMTModel at identical sizes (training, generation)",
     "end_to_end": "train.py against transformers' run_translation.py + MarianMTModel, end to end",
+    "compile_steps": "training steps of varying lengths under torch_compile=True: time and graphs against Marian",
     "anchor": "MarianMTModel trained by a run_translation.py-style Seq2SeqTrainer run on a parallel corpus",
     "recipe": "train.py's defaults on a parallel corpus, timed like the anchor and compared with it",
     "marian_train": "train.py's recipe training MarianMTModel at the same size (what the recipe gives, not the model)",
