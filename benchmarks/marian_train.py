@@ -4,10 +4,10 @@
 Everything but the model is train.py's (its flags, defaults, tokenizer, token batches, time budget, schedule,
 evaluation); the model is OPUS-MT's architecture (`anchor.marian_config`: swish, scaled embeddings, sinusoidal
 positions, init std 0.02) at the size of train.py's preset (`--preset`, default compact), started from the tokenizer's
-bos as train.py requires (OPUS-MT starts from pad). MarianMTModel's `forward` takes no `smoothing`, so the
-trainer smooths its logits with Trainer's `LabelSmoother`, the same loss as ours computed the stock way. Set against
-`recipe.py`'s run of train.py at the same size, seed and CPU time, it separates what the recipe gives from what the
-model gives:
+bos as train.py requires (OPUS-MT starts from pad). MarianMTModel takes no `label_smoothing` (it has no `loss_path`),
+so the trainer smooths its logits with Trainer's `LabelSmoother`, the same loss as ours computed the stock way. Set
+against `recipe.py`'s run of train.py at the same size, seed and CPU time, it separates what the recipe gives from
+what the model gives:
 
     OMP_NUM_THREADS=1 python benchmarks/run.py recipe --model marian --data_dir data/en-fr \
         --output_dir outputs/marian-recipe --max_train_minutes 6 -- --seed 42 --threads 1
