@@ -223,6 +223,13 @@ def test_several_processes_train_the_demo_batches_on_the_defaults(tmp_path, toke
     [(code, output)] = finish(accelerate_launch(tmp_path, launch_flags, args))
     assert code == 0, output[-3000:]
     assert "over 2 processes, gloo" in output
+    # the loss, said when training starts: without logits under DDP; FSDP2's unit of lm_head has hooks it would bypass
+    sharded = "--use_fsdp" in launch_flags or "--fsdp" in extra
+    if sharded:
+        loss = "model.loss_function on the logits (lm_head has forward hooks (an FSDP unit or another hook)"
+    else:
+        loss = "cross-entropy without logits (lm_head is a plain nn.Linear on cpu)"
+    assert f"loss: label smoothing 0.1, {loss}" in output
     state = json.loads((tmp_path / "out" / "trainer_state.json").read_text())
     assert state["global_step"] == 24
     if "--do_eval" in extra:  # translated and scored as translate.py does

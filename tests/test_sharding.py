@@ -133,6 +133,9 @@ def test_fsdp_run_says_it_is_sharded_and_saves_a_normal_checkpoint(fsdp_run):
         "parallelism: FSDP2 (full shard, wrapping EncoderLayer, DecoderLayer, FULL_STATE_DICT) over 2 processes, gloo"
     )
     assert summary in stdout
+    # lm_head's FSDP unit has hooks that the loss without logits would bypass: the loss of the logits, said once
+    loss = "loss: label smoothing 0.1, model.loss_function on the logits (lm_head has forward hooks (an FSDP unit"
+    assert stdout.count(loss) == 1
     # the root, one unit per layer, and the tied embedding / lm_head in one unit of their own
     wrapped = "FSDP wrapped 5 modules (1 VanillaTransformerForConditionalGeneration, 1 Embedding, 1 EncoderLayer, "
     assert wrapped + "1 DecoderLayer, 1 Linear); process 0 holds " in stdout
