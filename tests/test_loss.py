@@ -275,12 +275,17 @@ def test_model_skip_logits_gives_the_same_loss_without_logits(fused_calls):
 
 
 def test_model_loss_is_label_smoothed_through_its_loss_function_and_accumulates_exactly():
-    """``label_smoothing`` reaches the model's loss_function (``loss_type``: its class name in transformers'
-    LOSS_MAPPING) and equals LabelSmoother on the logits; with Trainer's num_items_in_batch the summed micro-batch
-    gradients equal the whole batch's."""
+    """``label_smoothing`` reaches the model's loss_function (its ``loss_type`` in transformers' LOSS_MAPPING) and
+    equals LabelSmoother on the logits; with Trainer's num_items_in_batch the summed micro-batch gradients equal the
+    whole batch's."""
     model = tiny_model().train()
     assert model.loss_type == "VanillaTransformerForConditionalGeneration"
     assert model.loss_function is label_smoothed_cross_entropy
+
+    class Renamed(type(model)):  # a subclass of another name keeps the loss (not ForCausalLMLoss, which drops ε)
+        pass
+
+    assert Renamed(model.config).loss_function is label_smoothed_cross_entropy
     ids, labels = model_batch()
     total = int((labels != -100).sum())
     out = model(input_ids=ids, labels=labels, label_smoothing=0.1, num_items_in_batch=total)

@@ -18,7 +18,7 @@ _ROWS = 512  # positions per block of linear_cross_entropy: the fastest base ste
 # batches at d_model 256 with an 8,000-token vocabulary; 1.4 GiB padded, at the same speed; 2026-12-04, AMX Xeon).
 _ROW_MULTIPLE = 8
 # The devices where the model computes the loss without logits when asked to (skip_logits): it is measured faster than
-# the loss of the logits on CPUs only; elsewhere its 512-row loop is launch-bound (docs/package.md).
+# the loss of the logits on CPUs; elsewhere it is not measured, and its 512-row loop would be bound by kernel launches.
 LOGIT_FREE_DEVICES = ("cpu",)
 
 

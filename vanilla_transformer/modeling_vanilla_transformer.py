@@ -574,6 +574,12 @@ class LossKwargs(TransformersKwargs, total=False):
     skip_logits: bool
 
 
+# The LM head's loss_type, whose self.loss_function is then label_smoothed_cross_entropy: transformers' default for
+# "ForConditionalGeneration", ForCausalLMLoss, takes no ε (and would drop it without a word)
+LOSS_TYPE = "VanillaTransformerForConditionalGeneration"
+LOSS_MAPPING[LOSS_TYPE] = label_smoothed_cross_entropy
+
+
 class VanillaTransformerForConditionalGeneration(VanillaTransformerPreTrainedModel, GenerationMixin):
     """The Transformer with its pre-softmax linear projection (§3.4) for translation; returns logits, not
     probabilities. With ``labels`` it returns the mean token cross-entropy through ``self.loss_function``
@@ -585,6 +591,7 @@ class VanillaTransformerForConditionalGeneration(VanillaTransformerPreTrainedMod
         super().__init__(config)
         self.model = VanillaTransformerModel(config)
         self.lm_head = nn.Linear(config.d_model, config.decoder_vocab_size, bias=False)
+        self.loss_type = LOSS_TYPE  # also for a subclass of another name (as T5Gemma sets its own)
         # the pre-softmax projection is the target embedding (§3.4), tied when config.tie_word_embeddings
         target = "model.shared" if config.share_encoder_decoder_embeddings else "model.decoder.embeddings.embed_tokens"
         self._tied_weights_keys = {"lm_head.weight": f"{target}.weight"}
@@ -694,12 +701,6 @@ class VanillaTransformerForConditionalGeneration(VanillaTransformerPreTrainedMod
         if weight.device.type not in LOGIT_FREE_DEVICES:
             return LossPath(False, f"on {weight.device.type} the loss of the logits is the default")
         return LossPath(True, f"lm_head is a plain nn.Linear on {weight.device.type}")
-
-
-# The LM head's loss_type: PreTrainedModel.__init__ finds the class name in LOSS_MAPPING, and self.loss_function is then
-# label_smoothed_cross_entropy (transformers' default for "ForConditionalGeneration", ForCausalLMLoss, takes no ε)
-LOSS_TYPE = "VanillaTransformerForConditionalGeneration"
-LOSS_MAPPING[LOSS_TYPE] = label_smoothed_cross_entropy
 
 
 class VanillaTransformerClassificationHead(nn.Module):
