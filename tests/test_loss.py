@@ -366,7 +366,10 @@ def test_loss_path_with_peft_lora_on_lm_head(fused_calls):
     config = peft.LoraConfig(r=4, target_modules=["lm_head", "qkv_proj"], task_type="SEQ_2_SEQ_LM")
     model = peft.get_peft_model(tiny_model(dropout=0.0).train(), config)
     base = model.get_base_model()
-    assert base.loss_path() == (False, "lm_head is a Linear (an adapter?), not a bias-free nn.Linear")
+    assert base.loss_path() == (
+        False,
+        "lm_head is a peft.tuners.lora.layer.Linear (an adapter?), not a bias-free nn.Linear",
+    )
     ids, labels = model_batch()
     out = model(input_ids=ids, labels=labels, label_smoothing=0.1, skip_logits=True)
     out.loss.backward()

@@ -692,10 +692,11 @@ class VanillaTransformerForConditionalGeneration(VanillaTransformerPreTrainedMod
         if hasattr(self, "_loss_function") or self.loss_type != LOSS_TYPE:
             return LossPath(False, "model.loss_function was replaced: it gets the logits")
         if not isinstance(head, nn.Linear) or head.bias is not None:
-            return LossPath(False, f"lm_head is a {type(head).__name__} (an adapter?), not a bias-free nn.Linear")
-        weight = head.weight
+            kind = f"{type(head).__module__}.{type(head).__qualname__}"
+            return LossPath(False, f"lm_head is a {kind} (an adapter?), not a bias-free nn.Linear")
         if head._forward_hooks or head._forward_pre_hooks:
             return LossPath(False, "lm_head has forward hooks (an FSDP unit or another hook), which it would bypass")
+        weight = head.weight
         if type(weight) not in (torch.Tensor, nn.Parameter):
             return LossPath(False, f"lm_head's weight is a {type(weight).__name__}, not a plain tensor")
         if weight.device.type not in LOGIT_FREE_DEVICES:
