@@ -3,14 +3,15 @@
 `trainer.train()` (compilation included) over steps whose target lengths all differ, the graphs torch.compile made,
 and whether it reached its recompile limit (after which it runs the rest eagerly, silently).
 
-    python benchmarks/run.py compile_steps                          # Seq2SeqTrainer, then the project's trainer
+    python benchmarks/run.py compile_steps                      # Seq2SeqTrainer, then the project's trainer
+    python benchmarks/run.py compile_steps --label_smoothing 0.1  # train.py's recipe
     python benchmarks/run.py compile_steps --trainers seq2seq --backend eager --rounds 3
 
 Each side runs in a fresh subprocess with its own inductor cache folder, so that neither finds the other's (or an
-earlier run's) compiled code. `seq2seq` is a stock `Seq2SeqTrainer`, as a transformers user runs it (label
-smoothing by Trainer's `LabelSmoother` on the logits for both models); `project` is `train.py`'s trainer
-(`TranslationTrainer`: our model computes the smoothed loss, without logits on a CPU; Marian as under
-`Seq2SeqTrainer`). Prints a Markdown table and writes the rows as JSON.
+earlier run's) compiled code. `seq2seq` is a stock `Seq2SeqTrainer`, as a transformers user runs it: the model
+computes the loss, or with label smoothing Trainer's `LabelSmoother` smooths the logits outside it, for both
+models. `project` is `train.py`'s trainer (`TranslationTrainer`): our model computes the loss, smoothed, without
+logits on a CPU; Marian as under `Seq2SeqTrainer`. Prints a Markdown table and writes the rows as JSON.
 """
 
 from __future__ import annotations
@@ -95,7 +96,9 @@ class _RecompileLimit(logging.Handler):
         self.hits += "hit config." in record.getMessage()
 
 
-def run_side(model_name: str, trainer_name: str, steps: int, batch_size: int, backend: str) -> dict:
+def run_side(
+    model_name: str, trainer_name: str, steps: int, batch_size: int, backend: str, label_smoothing: float
+) -> dict:
     """One `trainer.train()` under torch_compile=True, in this process."""
     import torch
     import torch._dynamo
@@ -115,7 +118,7 @@ def run_side(model_name: str, trainer_name: str, steps: int, batch_size: int, ba
             max_steps=steps,
             per_device_train_batch_size=batch_size,
             train_sampling_strategy="sequential",
-            label_smoothing_factor=0.1,
+            label_smoothing_factor=label_smoothing,
             torch_compile=True,
             torch_compile_backend=backend,
             use_cpu=True,
@@ -138,6 +141,7 @@ def run_side(model_name: str, trainer_name: str, steps: int, batch_size: int, ba
         "model": model_name,
         "trainer": trainer_name,
         "backend": backend,
+        "label_smoothing": label_smoothing,
         "steps": steps,
         "batch_size": batch_size,
         "train_seconds": round(seconds, 2),
@@ -155,12 +159,18 @@ def main(argv: list[str] | None = None) -> list[dict]:
     )
     parser.add_argument("--batch_size", type=int, default=4)
     parser.add_argument("--backend", default="inductor", help="torch_compile_backend (inductor, aot_eager, eager)")
+    parser.add_argument(
+        "--label_smoothing",
+        type=float,
+        default=0.0,
+        help="label_smoothing_factor; with it a stock Seq2SeqTrainer smooths the logits outside the model",
+    )
     parser.add_argument("--rounds", type=int, default=1, help="runs of each side, interleaved")
     parser.add_argument("--output_file", default="outputs/compile_steps.json")
     parser.add_argument("--side", nargs=2, metavar=("MODEL", "TRAINER"), help=argparse.SUPPRESS)  # a child's run
     args = parser.parse_args(argv)
     if args.side:
-        print(json.dumps(run_side(*args.side, args.steps, args.batch_size, args.backend)))
+        print(json.dumps(run_side(*args.side, args.steps, args.batch_size, args.backend, args.label_smoothing)))
         return []
 
     results = []
@@ -170,7 +180,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
                 with tempfile.TemporaryDirectory() as cache:
                     command = [sys.executable, os.path.abspath(__file__), "--side", model, trainer]
                     command += ["--steps", str(args.steps), "--batch_size", str(args.batch_size)]
-                    command += ["--backend", args.backend]
+                    command += ["--backend", args.backend, "--label_smoothing", str(args.label_smoothing)]
                     env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=cache, OMP_NUM_THREADS="1")
                     done = subprocess.run(command, capture_output=True, text=True, env=env)
                 if done.returncode != 0:
@@ -180,12 +190,13 @@ def main(argv: list[str] | None = None) -> list[dict]:
     os.makedirs(os.path.dirname(args.output_file) or ".", exist_ok=True)
     with open(args.output_file, "w") as file:
         json.dump(results, file, indent=2)
-    print("| trainer | model | backend | train() s | graphs | recompile limit hit |")
-    print("|---|---|---|---:|---:|---|")
+    print("| trainer | model | backend | label smoothing | train() s | graphs | recompile limit hit |")
+    print("|---|---|---|---:|---:|---:|---|")
     for row in results:
         hit = "yes" if row["recompile_limit_hits"] else "no"
         print(
-            f"| {row['trainer']} | {row['model']} | {row['backend']} | {row['train_seconds']:.1f} | {row['graphs']} "
+            f"| {row['trainer']} | {row['model']} | {row['backend']} | {row['label_smoothing']:g} "
+            f"| {row['train_seconds']:.1f} | {row['graphs']} "
             f"| {hit} |"
         )
     return results
