@@ -14,8 +14,9 @@ that no longer fits is skipped. At the end: one table on stdout, gpu_check.json 
 
 The stages, in order (the first ones matter most when the time is short):
   environment    versions, the GPU, and that `vanilla_transformer` is this repository's
-  losses         both losses (logits, and fused without the logits) with their gradients in fp32, bf16 and fp16
-                 autocast against a float64 reference of the plain math; rows of -100 only, lengths off every block
+  losses         the loss with and without skip_logits (fused only where loss_path takes it), with gradients, in
+                 fp32, bf16 and fp16 autocast against a float64 reference of the plain math; rows of -100 only,
+                 lengths off every block
   train_bf16     scripts/train.py on the demo corpus, --bf16: the loss falls; speed, peak memory
   train_fp16     the same with --fp16: the loss falls, the GradScaler's scale stays sane, few skipped steps
   translate      scripts/translate.py with both engines (transformers, CTranslate2 export) on the device; CTranslate2's
@@ -227,15 +228,6 @@ def stage_environment(ctx: Context) -> None:
     ctx.record("versions", verdict(failures), **figures)
 
 
-def loss_kwargs(model, label_smoothing: float, skip_logits: bool) -> dict:
-    """The forward's loss arguments under either name: `smoothing` now, `label_smoothing` (passed through **kwargs,
-    like `skip_logits`) after the loss change. Remove after the loss change lands: pass label_smoothing= directly."""
-    import inspect
-
-    named = inspect.signature(type(model).forward).parameters
-    return {"smoothing" if "smoothing" in named else "label_smoothing": label_smoothing, "skip_logits": skip_logits}
-
-
 def plain_loss(logits, labels, label_smoothing: float):
     """The mean over labelled positions of (1-ε)·(-log p(label)) + ε·mean_v(-log p(v)), in the logits' dtype: what
     F.cross_entropy(label_smoothing=ε, ignore_index=-100) computes; 0 (attached to the graph) without labels."""
@@ -309,12 +301,16 @@ def stage_losses(ctx: Context) -> None:
     dtypes = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
     nothing = torch.full_like(labels, -100)
     for name, dtype in dtypes.items():
-        for path, skip_logits in (("logits", False), ("fused", True)):
+        for skip_logits in (False, True):
+            # the path model.loss_path() takes on this device: "fused" (without logits) only where it is the default
+            loss_path = model.loss_path(skip_logits)
+            path = "fused" if loss_path.logit_free else "logits, skip_logits" if skip_logits else "logits"
             check = f"{path} loss, {name}" + (" autocast" if dtype else "")
+            loss_kwargs = {"label_smoothing": LABEL_SMOOTHING, "skip_logits": skip_logits}
             try:
                 model.zero_grad(set_to_none=True)
                 with torch.autocast(device, dtype=dtype or torch.float32, enabled=dtype is not None):
-                    loss = model(**inputs, labels=labels, **loss_kwargs(model, LABEL_SMOOTHING, skip_logits)).loss
+                    loss = model(**inputs, labels=labels, **loss_kwargs).loss
                 loss.backward()
                 grad = torch.cat([p.grad.flatten() for p in model.parameters()]).double()
                 loss_error = abs(float(loss) - float(expected_loss)) / abs(float(expected_loss))
@@ -322,7 +318,7 @@ def stage_losses(ctx: Context) -> None:
                 # a batch without a single label: loss 0 and zero gradients, not NaN
                 model.zero_grad(set_to_none=True)
                 with torch.autocast(device, dtype=dtype or torch.float32, enabled=dtype is not None):
-                    empty = model(**inputs, labels=nothing, **loss_kwargs(model, LABEL_SMOOTHING, skip_logits)).loss
+                    empty = model(**inputs, labels=nothing, **loss_kwargs).loss
                 empty.backward()
                 empty_grads = [p.grad for p in model.parameters() if p.grad is not None]
                 empty_ok = float(empty) == 0.0 and all(bool((g == 0).all()) for g in empty_grads)
@@ -345,6 +341,7 @@ def stage_losses(ctx: Context) -> None:
                 grad_rel_err=grad_error,
                 positions=int((labels != -100).sum()),
                 smoothing_effect=smoothing_effect,
+                loss_path=str(loss_path),
             )
 
 
