@@ -137,6 +137,7 @@ def run_side(
         start = time.perf_counter()
         trainer.train()
         seconds = time.perf_counter() - start
+        loss = trainer.describe_loss() if trainer_name == "project" else "Seq2SeqTrainer's"
     return {
         "model": model_name,
         "trainer": trainer_name,
@@ -147,6 +148,7 @@ def run_side(
         "train_seconds": round(seconds, 2),
         "graphs": torch._dynamo.utils.counters["stats"]["unique_graphs"],
         "recompile_limit_hits": limit.hits,
+        "loss": loss,
     }
 
 
@@ -190,14 +192,13 @@ def main(argv: list[str] | None = None) -> list[dict]:
     os.makedirs(os.path.dirname(args.output_file) or ".", exist_ok=True)
     with open(args.output_file, "w") as file:
         json.dump(results, file, indent=2)
-    print("| trainer | model | backend | label smoothing | train() s | graphs | recompile limit hit |")
-    print("|---|---|---|---:|---:|---:|---|")
+    print("| trainer | model | backend | label smoothing | train() s | graphs | recompile limit hit | loss |")
+    print("|---|---|---|---:|---:|---:|---|---|")
     for row in results:
         hit = "yes" if row["recompile_limit_hits"] else "no"
         print(
             f"| {row['trainer']} | {row['model']} | {row['backend']} | {row['label_smoothing']:g} "
-            f"| {row['train_seconds']:.1f} | {row['graphs']} "
-            f"| {hit} |"
+            f"| {row['train_seconds']:.1f} | {row['graphs']} | {hit} | {row['loss']} |"
         )
     return results
 
