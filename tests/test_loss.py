@@ -1,13 +1,14 @@
 """The model's training loss: label-smoothed token cross-entropy through ``model.loss_function``, equal to
 transformers' LabelSmoother in value and gradient, with Trainer's normalisation; the loss without logits, equal to it
 in every dtype; which of the two a forward computes (``loss_path``) on its own and under torch.compile, DDP, FSDP2,
-peft and a device other than the CPU; and how the project's trainer asks for them."""
+peft, a stubbed GPU and other devices; and how the project's trainer asks for them."""
 
 import copy
 import functools
 
 import pytest
 import torch
+import torch._dynamo
 from conftest import tiny_model
 from transformers import Seq2SeqTrainer, Seq2SeqTrainingArguments
 from transformers.loss.loss_utils import ForCausalLMLoss
@@ -343,10 +344,35 @@ def test_loss_path_eager_on_cpu_and_with_a_hook_on_lm_head(fused_calls):
     torch.testing.assert_close(hooked.loss, fused.loss, rtol=1e-6, atol=0)
 
 
-def test_loss_path_off_the_cpu_is_the_loss_of_the_logits(fused_calls, monkeypatch):
-    """On a GPU the loss of the logits is the default (the loss without logits is measured faster on CPUs only): the
-    decision as it is made for a device that is not the CPU (a model on the meta device, and the CPU struck from the
-    devices of the loss without logits)."""
+def test_loss_path_on_a_stubbed_gpu_is_the_loss_of_the_logits(fused_calls, monkeypatch, tmp_path, one_thread):
+    """On a GPU the loss of the logits is the default (the loss without logits is measured faster on CPUs only). With
+    the parameters reporting a CUDA device (a stub: they stay on the CPU), a forward asked for the loss alone computes
+    it from the logits, train.py's trainer computes the same loss that way and says so when training starts."""
+    model = tiny_model(dropout=0.0).train()
+    ids, labels = model_batch()
+    without_logits = model(input_ids=ids, labels=labels, label_smoothing=0.1, skip_logits=True).loss
+    assert fused_calls == [1]
+    monkeypatch.setattr(torch.nn.Parameter, "device", property(lambda self: torch.device("cuda")), raising=False)
+    assert model.lm_head.weight.device.type == "cuda"
+    assert model.loss_path() == (False, "on cuda the loss of the logits is the default")
+    out = model(input_ids=ids, labels=labels, label_smoothing=0.1, skip_logits=True)
+    assert fused_calls == [1] and out.logits is None
+    torch.testing.assert_close(out.loss, without_logits, rtol=1e-6, atol=0)
+    args = Seq2SeqTrainingArguments(output_dir=str(tmp_path), label_smoothing_factor=0.1, report_to=[], use_cpu=True)
+    trainer = TranslationTrainer(model=model, args=args)
+    loss = trainer.compute_loss(model, {"input_ids": ids, "labels": labels})
+    assert fused_calls == [1]
+    torch.testing.assert_close(loss, without_logits, rtol=1e-6, atol=0)
+    assert trainer.describe_loss() == (
+        "loss: label smoothing 0.1, model.loss_function on the logits (on cuda the loss of the logits is the default), "
+        "in the model's forward"
+    )
+
+
+def test_loss_path_off_the_logit_free_devices_eager_and_compiled(fused_calls, monkeypatch):
+    """The device decision forced as on a GPU (the CPU struck from the devices of the loss without logits), and on
+    the meta device: the loss of the logits, eager and under torch.compile, whose graphs then hold no loss op (the
+    compiled forward decides on the module itself, as the eager one)."""
     on_meta = tiny_model().to("meta")
     assert on_meta.loss_path() == (False, "on meta the loss of the logits is the default")
     monkeypatch.setattr(modeling_vanilla_transformer, "LOGIT_FREE_DEVICES", ("cuda",))
@@ -357,6 +383,14 @@ def test_loss_path_off_the_cpu_is_the_loss_of_the_logits(fused_calls, monkeypatc
     assert fused_calls == [] and out.logits is None
     expected = model(input_ids=ids, labels=labels, label_smoothing=0.1)
     torch.testing.assert_close(out.loss, expected.loss, rtol=1e-6, atol=0)
+    torch._dynamo.reset()
+    graphs = []
+    compiled = torch.compile(model, backend=lambda graph, inputs: graphs.append(graph) or graph.forward)
+    loss = compiled(input_ids=ids, labels=labels, label_smoothing=0.1, skip_logits=True).loss
+    namespace, name = loss_vanilla_transformer._OP_NAME.split("::")
+    op = getattr(getattr(torch.ops, namespace), name).default
+    assert graphs and not any(op in [node.target for node in graph.graph.nodes] for graph in graphs)
+    torch.testing.assert_close(loss, expected.loss, rtol=1e-6, atol=0)
 
 
 def test_loss_path_with_peft_lora_on_lm_head(fused_calls):
@@ -501,8 +535,6 @@ def test_project_trainer_under_torch_compile_takes_the_loss_without_logits(tmp_p
     trainer = TranslationTrainer(model=model, args=args)
     ids, labels = model_batch()
     expected = model(input_ids=ids, labels=labels, label_smoothing=0.1).loss
-    import torch._dynamo
-
     torch._dynamo.reset()
     graphs = []
     compiled = torch.compile(model, backend=lambda graph, inputs: graphs.append(graph) or graph.forward)
