@@ -309,7 +309,8 @@ def test_the_app_through_gradio_client(running_app, toy_dir, one_thread):
     long_text = " ".join(["the small cat is on the blue mat"] * 10)  # 81 tokens; the toy model reads 64
     note, translation, *_ = client.predict(long_text, 2, "encoder", 0, api_name="/translate")
     assert "The text is 81 tokens long, more than the 64 the model reads: only its first 63 tokens" in note
-    assert translation.startswith("der klein katze")  # the toy model learned sentences of up to six words
+    # its beginning is translated (the toy model learned sentences of up to six words, so not more than its gist)
+    assert "klein katze" in translation
 
 
 def chromium(tmp_path: Path):
