@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 
 from transformers import Seq2SeqTrainer, TrainingArguments
 
+from vanilla_transformer.training import recipe
 from vanilla_transformer.training.sharding import check_parallelism_can_run, requested_fsdp_version
 from vanilla_transformer.training.trainer import TranslationTrainer
 
@@ -30,15 +31,19 @@ if TYPE_CHECKING:
 
 
 def enable() -> None:
-    """Make `TranslationTrainer` run FSDP2 on CPU processes when the launch asks for it (see the module's
-    docstring); FSDP1 and DeepSpeed are refused as before."""
+    """Make the recipe and `TranslationTrainer` run FSDP2 on CPU processes when the launch asks for it (see the
+    module's docstring); FSDP1 and DeepSpeed are refused as before."""
+
+    def check_all_but_fsdp2(args: TrainingArguments) -> None:
+        if requested_fsdp_version(args) != 2:
+            check_parallelism_can_run(args)
 
     def create_accelerator_and_postprocess(self) -> None:
-        if requested_fsdp_version(self.args) != 2:
-            check_parallelism_can_run(self.args)
+        check_all_but_fsdp2(self.args)
         Seq2SeqTrainer.create_accelerator_and_postprocess(self)
         enable_in_trainer(self)
 
+    recipe.check_parallelism_can_run = check_all_but_fsdp2  # the recipe checks before it reads the data
     TranslationTrainer.create_accelerator_and_postprocess = create_accelerator_and_postprocess
 
 

@@ -253,12 +253,13 @@ def test_gradient_checkpointing_and_rank0_loading_under_fsdp_with_transformers_f
 
 
 @pytest.mark.parametrize("version", ["1", "2"])
-def test_fsdp_on_cpu_processes_is_refused_in_one_line(tmp_path, tokenizer, monkeypatch, version):
+def test_fsdp_on_cpu_processes_is_refused_in_one_line(tmp_path, tokenizer, monkeypatch, version, capsys):
     # what `accelerate launch --use_fsdp` sets (Accelerate's default --fsdp_version is 1)
     monkeypatch.setenv("ACCELERATE_USE_FSDP", "true")
     monkeypatch.setenv("FSDP_VERSION", version)
     with pytest.raises(SystemExit) as info:
         recipe.main(train_args(tmp_path / "out", tokenizer))
+    assert "pairs" not in capsys.readouterr().out  # refused before the data is read, let alone tokenised
     assert str(info.value.code) == (
         f"train.py: error: FSDP (version {version}) cannot run on CPU processes: Accelerate turns it on for "
         "accelerators only and would train them with plain DDP; launch them with `accelerate launch --multi_gpu` "

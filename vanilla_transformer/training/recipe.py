@@ -33,7 +33,7 @@ from .data import (
 from .device import DeviceDefaults, decide
 from .preparation import DEFAULT_TIMEOUT, in_turn
 from .presets import PRESETS, build_config, default_generation_config
-from .sharding import describe_parallelism
+from .sharding import check_parallelism_can_run, describe_parallelism
 from .time_budget import cap_steps, describe_budget, describe_stop, steps_trained
 from .tokenizer import check_tokenizer_matches_config, iterate_texts, train_tokenizer
 from .trainer import build_trainer
@@ -383,6 +383,7 @@ def run(
     is_main = training_args.process_index == 0
     set_seed(training_args.seed)
     try:
+        check_parallelism_can_run(training_args)  # before the data: sharding these processes cannot run, in one line
         checkpoint = resolve_checkpoint(training_args)
         # a resumed run keeps the thread count of the run it continues (recorded in the checkpoint): the same sums
         threads = set_cpu_threads(training_args.threads, recorded_threads(checkpoint))
