@@ -17,7 +17,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 import pytest  # noqa: E402
 import torch  # noqa: E402
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors  # noqa: E402
-from transformers import PreTrainedTokenizerFast  # noqa: E402
+from transformers import MarianConfig, MarianMTModel, PreTrainedTokenizerFast  # noqa: E402
 
 from vanilla_transformer import VanillaTransformerConfig, VanillaTransformerForConditionalGeneration  # noqa: E402
 
@@ -58,6 +58,20 @@ def tiny_model(
     if dtype is not None:
         model = model.to(dtype)
     return model.eval()
+
+
+def tiny_marian(**overrides) -> MarianMTModel:
+    """A fresh MarianMTModel in eval mode with the sizes, ids and dropout of ``tiny_config(**overrides)``: the model
+    the tests run beside ours."""
+    config = tiny_config(**overrides)
+    sizes = ("vocab_size", "d_model", "encoder_layers", "decoder_layers", "encoder_ffn_dim", "decoder_ffn_dim")
+    sizes += ("encoder_attention_heads", "decoder_attention_heads", "max_position_embeddings")
+    dropouts = ("dropout", "attention_dropout", "activation_dropout")
+    ids = ("pad_token_id", "eos_token_id", "decoder_start_token_id")
+    marian = MarianConfig(
+        **{field: getattr(config, field) for field in sizes + dropouts + ids}, decoder_vocab_size=config.vocab_size
+    )
+    return MarianMTModel(marian).eval()
 
 
 @pytest.fixture(autouse=True)

@@ -5,7 +5,7 @@ table of what works."""
 
 import pytest
 import torch
-from conftest import tiny_config
+from conftest import tiny_config, tiny_marian
 from peft import (
     IA3Config,
     LoraConfig,
@@ -16,7 +16,7 @@ from peft import (
     get_peft_model,
 )
 from safetensors.torch import load_file, save_file
-from transformers import MarianConfig, MarianMTModel, PreTrainedModel
+from transformers import PreTrainedModel
 
 from vanilla_transformer import VanillaTransformerForConditionalGeneration
 
@@ -26,26 +26,12 @@ IA3_MODULES = {"vanilla": ["qkv_proj", "kv_proj", "fc2"], "marian": ["k_proj", "
 
 
 def make(which: str, **overrides) -> PreTrainedModel:
-    """A fresh tiny model in eval mode: ours of conftest's tiny_config, or a MarianMTModel of the same sizes and ids."""
+    """A fresh tiny model in eval mode, without dropout: ours of conftest's tiny_config, or its Marian twin."""
     torch.manual_seed(0)
-    config = tiny_config(**{"dropout": 0.0, **overrides})
+    overrides = {"dropout": 0.0, **overrides}
     if which == "vanilla":
-        return VanillaTransformerForConditionalGeneration(config).eval()
-    sizes = {field: getattr(config, field) for field in ("vocab_size", "d_model", "encoder_layers", "decoder_layers")}
-    sizes.update({field: getattr(config, field) for field in ("encoder_ffn_dim", "decoder_ffn_dim", "dropout")})
-    marian = MarianConfig(
-        **sizes,
-        decoder_vocab_size=config.vocab_size,
-        encoder_attention_heads=config.encoder_attention_heads,
-        decoder_attention_heads=config.decoder_attention_heads,
-        attention_dropout=config.attention_dropout,
-        activation_dropout=config.activation_dropout,
-        max_position_embeddings=config.max_position_embeddings,
-        pad_token_id=config.pad_token_id,
-        eos_token_id=config.eos_token_id,
-        decoder_start_token_id=config.decoder_start_token_id,
-    )
-    return MarianMTModel(marian).eval()
+        return VanillaTransformerForConditionalGeneration(tiny_config(**overrides)).eval()
+    return tiny_marian(**overrides)
 
 
 def batch(rows: int = 3, length: int = 9, pad: bool = True) -> dict[str, torch.Tensor]:

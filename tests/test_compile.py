@@ -6,21 +6,11 @@ the graph, with the eager loss and gradients, also when AOTAutograd traces its b
 import pytest
 import torch
 import torch._dynamo
-from conftest import tiny_model
-from transformers import MarianConfig, MarianMTModel
+from conftest import tiny_marian, tiny_model
 
 from vanilla_transformer import loss_vanilla_transformer
 
-SIZE = dict(
-    vocab_size=64,
-    d_model=32,
-    encoder_layers=1,
-    decoder_layers=1,
-    encoder_attention_heads=2,
-    decoder_attention_heads=2,
-    encoder_ffn_dim=64,
-    decoder_ffn_dim=64,
-)
+SIZE = dict(encoder_layers=1, decoder_layers=1, encoder_attention_heads=2, decoder_attention_heads=2)
 LENGTHS = range(2, 14)  # target lengths of the steps; each step's source has 7 tokens
 
 
@@ -79,7 +69,7 @@ def test_training_over_varying_lengths_compiles_as_few_graphs_as_marian(kwargs):
 def test_marian_compiles_this_many_graphs_and_ours_as_many_in_other_settings():
     """Beside a MarianMTModel of the same size: ours without label smoothing too, and at batch sizes that are not
     multiples of 16 (the old loss recompiled on (batch × length) % 16)."""
-    marian = MarianMTModel(MarianConfig(**SIZE, max_position_embeddings=64, pad_token_id=0, decoder_start_token_id=1))
+    marian = tiny_marian(**SIZE)
     assert len(compiled_graphs(marian, batches(3))) == MARIAN_GRAPHS
     settings = [({}, 3), ({"skip_logits": True}, 3)]
     settings += [({"label_smoothing": 0.1, "skip_logits": True}, batch_size) for batch_size in (5, 17)]

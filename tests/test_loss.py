@@ -9,7 +9,7 @@ import functools
 import pytest
 import torch
 import torch._dynamo
-from conftest import tiny_model
+from conftest import tiny_marian, tiny_model
 from transformers import Seq2SeqTrainer, Seq2SeqTrainingArguments
 from transformers.loss.loss_utils import ForCausalLMLoss
 from transformers.trainer_pt_utils import LabelSmoother
@@ -545,30 +545,10 @@ def test_project_trainer_under_torch_compile_takes_the_loss_without_logits(tmp_p
     torch.testing.assert_close(loss, expected, rtol=1e-6, atol=0)
 
 
-def tiny_marian():
-    from transformers import MarianConfig, MarianMTModel
-
-    return MarianMTModel(
-        MarianConfig(
-            vocab_size=64,
-            d_model=32,
-            encoder_layers=1,
-            decoder_layers=1,
-            encoder_attention_heads=2,
-            decoder_attention_heads=2,
-            encoder_ffn_dim=64,
-            decoder_ffn_dim=64,
-            max_position_embeddings=64,
-            pad_token_id=0,
-            decoder_start_token_id=1,
-        )
-    )
-
-
 def test_project_trainer_trains_marian_as_seq2seq_trainer_does(tmp_path, one_thread):
     """A model without the loss's keyword arguments (MarianMTModel, which the benchmarks train with this trainer):
     Trainer's LabelSmoother smooths its logits, as in Seq2SeqTrainer, and the start-up line says so."""
-    model = tiny_marian().eval()  # no dropout: the two trainers see the same network
+    model = tiny_marian(dropout=0.0)  # no dropout: the two trainers see the same network
     args = Seq2SeqTrainingArguments(output_dir=str(tmp_path), label_smoothing_factor=0.1, report_to=[], use_cpu=True)
     trainer = TranslationTrainer(model=model, args=args)
     ids, labels = model_batch()
