@@ -45,6 +45,7 @@ from speed import SIZES, model_configs  # noqa: E402
 
 from vanilla_transformer import VanillaTransformerForConditionalGeneration  # noqa: E402
 from vanilla_transformer.inference.ctranslate2 import export_ctranslate2, require_ctranslate2  # noqa: E402
+from vanilla_transformer.inference.loading import split_lines  # noqa: E402
 
 ENGINES = ("marian", "vanilla", "ct2_float32", "ct2_int8", "marian_ct2_int8")
 CT2_ENGINES = ("ct2_float32", "ct2_int8", "marian_ct2_int8")  # CTranslate2 model folders
@@ -78,7 +79,7 @@ class Settings:
 def load_sentences(settings: Settings, tokenizer, count: int) -> list[str]:
     """`count` distinct sentences of min_tokens … max_tokens tokens, a seeded sample of the file's."""
     with open(settings.data_file, encoding="utf-8") as f:
-        lines = f.read().splitlines()
+        lines = split_lines(f.read())
     if settings.data_file.endswith(".jsonl"):
         lines = [json.loads(line)["translation"][settings.source_lang] for line in lines if line.strip()]
     texts = sorted({line.strip() for line in lines if line.strip()})

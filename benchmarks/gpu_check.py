@@ -707,6 +707,8 @@ def run_script(name: str, argv: list[str]) -> tuple[int, str, str, float]:
 
 
 def stage_translate(ctx: Context) -> None:
+    from vanilla_transformer.inference.loading import read_lines
+
     model_dir, which = _translation_model(ctx)
     sources, references = _demo_sentences(16 if ctx.quick else 200)
     folder = ctx.scratch("translate")
@@ -726,7 +728,7 @@ def stage_translate(ctx: Context) -> None:
             + common
             + list(extra),
         )
-        lines = open(output, encoding="utf-8").read().splitlines() if code == 0 and os.path.isfile(output) else None
+        lines = read_lines("--output_file", output) if code == 0 and os.path.isfile(output) else None
         bleu = re.search(r"sacreBLEU\s+([\d.]+)", err)
         return code, err, seconds, lines, bleu and float(bleu[1])
 

@@ -25,7 +25,7 @@ import transformers
 from huggingface_hub.errors import StrictDataclassError
 from transformers import HfArgumentParser
 
-from vanilla_transformer.inference.loading import load_engine, read_lines
+from vanilla_transformer.inference.loading import load_engine, read_lines, split_lines
 from vanilla_transformer.inference.score import score, signatures
 from vanilla_transformer.training.cpu import set_cpu_threads
 from vanilla_transformer.training.device import DTYPES, decode_dtype
@@ -59,7 +59,7 @@ def main(argv: list[str] | None = None) -> None:
         if args.text and args.input_file:
             raise ValueError("pass --text or --input_file, not both.")
         sentences = args.text or (read_lines("--input_file", args.input_file) if args.input_file else None)
-        sentences = sys.stdin.read().splitlines() if sentences is None else sentences
+        sentences = split_lines(sys.stdin.read()) if sentences is None else sentences
         references = read_lines("--references", args.references) if args.references else None
         if references is not None and len(references) != len(sentences):
             raise ValueError(f"--references has {len(references)} lines but there are {len(sentences)} inputs.")

@@ -402,6 +402,17 @@ def test_train_translate_average_end_to_end(tmp_path):
     assert AutoTokenizer.from_pretrained(str(averaged_dir)).get_vocab() == tokenizer.get_vocab()
 
 
+def test_translate_py_reads_one_sentence_per_line_whatever_a_sentence_holds(tmp_path):
+    """--input_file, --references and stdin split at line ends only: a form feed, U+2028 or NEL inside a sentence
+    (str.splitlines would split there) keeps the translations in line with the references."""
+    from vanilla_transformer.inference.loading import read_lines, split_lines
+
+    path = tmp_path / "src.txt"
+    path.write_bytes("a\x0cb\nc\u2028d\r\n\ne\x85f".encode())
+    assert read_lines("--input_file", str(path)) == ["a\x0cb", "c\u2028d", "", "e\x85f"]
+    assert split_lines("x\ny\n") == ["x", "y"] and split_lines("") == [] and split_lines("\n") == [""]
+
+
 def test_bf16_on_a_cpu_trains_with_eager_attention_unless_one_is_given(tmp_path):
     """workarounds.torch_cpu_bf16_flash_attention: `--bf16` on a CPU trains with the eager attention, the saved model
     loads with transformers' default (the choice is not saved), and an unknown --attn_implementation is refused in one

@@ -111,9 +111,16 @@ def load_engine(
     return lambda sentences, **options: translate(model, tokenizer, sentences, **options)
 
 
+def split_lines(text: str) -> list[str]:
+    """One sentence per line: `text` split at its line ends only. (`str.splitlines` also splits at a form feed,
+    U+2028 and the like, which a sentence may hold: its translations would no longer line up with the references.)"""
+    lines = text.replace("\r\n", "\n").split("\n")
+    return lines[:-1] if lines[-1] == "" else lines
+
+
 def read_lines(flag: str, path: str) -> list[str]:
     """The lines of a text file given as `flag`, without their line ends; a one-line error when it is missing."""
     if not os.path.isfile(path):
         raise ValueError(f"{flag} {path!r} does not exist.")
-    with open(path, encoding="utf-8") as f:
-        return f.read().splitlines()
+    with open(path, encoding="utf-8", newline="") as f:
+        return split_lines(f.read())
