@@ -145,50 +145,85 @@ def test_the_wheel_folder_carries_what_the_package_needs_but_not_torch_and_what_
     assert "tomli" in [entry["metadata"]["name"] for entry in prepare.needed(items, "3.10", {"torch", "numpy"})]
 
 
-@pytest.mark.slow
-def test_cpu_dry_run_runs_every_stage_a_cpu_can(tmp_path):
-    """`bash benchmarks/gpu.sh --device cpu`: the stages run at tiny sizes through the same code as on a GPU, the
-    CUDA-only ones are skipped with a line saying so, and every result is in the table and the JSON file."""
-    env = dict(
+# What each stage's CPU dry run records beside its "stage" row (a stage added to gpu_check.STAGES must be added here)
+DRY_RUN_CHECKS = {
+    "environment": set(),
+    "losses": {
+        f"{path} loss, {dtype}" for path in ("logits", "fused") for dtype in ("fp32", "bf16 autocast", "fp16 autocast")
+    },
+    "train_bf16": {"train.py --bf16"},
+    "train_fp16": set(),
+    "translate": {"ctranslate2 --device auto"},
+    "marian_speed": {"tiny training step against Marian"},
+    "fsdp": {"FSDP2 save and --resume_from_checkpoint last"},
+    "flex": set(),
+    "static_cache": {"greedy, static cache against dynamic"},
+    "train_compile": {"train.py --torch_compile true"},
+}
+
+
+def dry_run_environment(tmp_path) -> dict[str, str]:
+    return dict(
         os.environ,
+        PYTHON=sys.executable,
         PYTHONPATH=str(ROOT),
         HF_DATASETS_CACHE=str(tmp_path / "datasets-cache"),
         OMP_NUM_THREADS="1",
-        GPU_CHECK_SECONDS="1500",
     )
+
+
+def stage_rows(out) -> list[dict]:
+    return json.loads((out / gpu_check.SUMMARY).read_text())["rows"]
+
+
+def test_every_stage_has_its_dry_run_checks_listed():
+    assert list(DRY_RUN_CHECKS) == list(gpu_check.STAGES)
+
+
+@pytest.mark.slow
+def test_gpu_sh_runs_the_stages_it_is_given_on_a_cpu_and_says_which_need_cuda(tmp_path):
+    """`bash benchmarks/gpu.sh --no-install --device cpu --stages ...`: the wrapper hands its flags to gpu_check.py,
+    which runs the stage and skips the CUDA-only one with a line saying so; the table and the JSON hold both."""
     out = tmp_path / "out"
     completed = subprocess.run(
-        ["bash", str(ROOT / "benchmarks" / "gpu.sh"), "--no-install", "--device", "cpu"]
-        + ["--output_dir", str(out), "--work_dir", str(tmp_path / "work")],
+        ["bash", str(ROOT / "benchmarks" / "gpu.sh"), "--no-install", "--device", "cpu", "--output_dir", str(out)]
+        + ["--work_dir", str(tmp_path / "work"), "--stages", "environment", "train_fp16"],
         capture_output=True,
         text=True,
-        env=env,
-        timeout=1500,
+        env=dry_run_environment(tmp_path),
+        timeout=300,
         check=False,
     )
-    log = (out / gpu_check.LOG).read_text() if (out / gpu_check.LOG).exists() else ""
-    assert completed.returncode == 0, completed.stdout[-3000:] + completed.stderr[-3000:] + log[-5000:]
-    summary = json.loads((out / gpu_check.SUMMARY).read_text())
-    by_stage = {}
-    for row in summary["rows"]:
-        by_stage.setdefault(row["stage"], []).append(row)
-    assert list(by_stage) == list(gpu_check.STAGES)
-    bad = [row for row in summary["rows"] if not row["status"].startswith(("ok", "skipped", "not supported"))]
-    assert not bad, json.dumps(bad, indent=1) + log[-5000:]
-    [fp16] = by_stage["train_fp16"]
-    assert fp16["status"].startswith("skipped: needs CUDA")
-    checks = {(row["stage"], row["check"]) for row in summary["rows"]}
-    for path in ("logits", "fused"):
-        for dtype in ("fp32", "bf16 autocast", "fp16 autocast"):
-            assert ("losses", f"{path} loss, {dtype}") in checks
-    assert {("train_bf16", "train.py --bf16"), ("train_compile", "train.py --torch_compile true")} <= checks
-    assert ("fsdp", "FSDP2 save and --resume_from_checkpoint last") in checks
-    assert {("static_cache", "greedy, static cache against dynamic"), ("translate", "ctranslate2 --device auto")} <= (
-        checks
+    assert completed.returncode == 0, completed.stdout[-3000:] + completed.stderr[-3000:]
+    statuses = {row["stage"]: row["status"] for row in stage_rows(out) if row["check"] == "stage"}
+    assert statuses["environment"] == "ok"
+    assert statuses["train_fp16"].startswith("skipped: needs CUDA")
+    assert "| train_fp16 | stage | skipped: needs CUDA" in completed.stdout
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("stage", [name for name, stage in gpu_check.STAGES.items() if not stage.needs_cuda])
+def test_cpu_dry_run_of_each_stage(stage, tmp_path, monkeypatch, capsys):
+    """The dry run (`gpu.sh --device cpu`) of one stage: at tiny sizes, through the same code as on a GPU, in a
+    process of its own; each check it records passes, is skipped for want of CUDA, or is not supported on a CPU."""
+    for name, value in dry_run_environment(tmp_path).items():
+        monkeypatch.setenv(name, value)
+    out = tmp_path / "out"
+    gpu_check.main(
+        ["--device", "cpu", "--output_dir", str(out), "--work_dir", str(tmp_path / "work"), "--budget_s", "900"]
+        + ["--stages", stage]
     )
-    assert ("marian_speed", "tiny training step against Marian") in checks
-    flex = [row for row in by_stage["flex"] if row["check"] != "stage"]
-    assert flex and all(row["status"] in ("ok", "not supported", "skipped: needs CUDA") for row in flex)
-    compile_stage = next(row for row in by_stage["train_compile"] if row["check"] == "stage")
-    assert compile_stage["recompiles"] >= 1  # TORCH_LOGS=recompiles reached the stage's log
-    assert "| losses | fused loss, bf16 autocast | ok |" in completed.stdout
+    rows = stage_rows(out)
+    log = (out / gpu_check.LOG).read_text()
+    bad = [row for row in rows if not row["status"].startswith(("ok", "skipped", "not supported"))]
+    assert not bad, json.dumps(bad, indent=1) + log[-5000:]
+    assert {row["stage"] for row in rows} == {stage}
+    assert DRY_RUN_CHECKS[stage] <= {row["check"] for row in rows}, log[-5000:]
+    if stage == "losses":
+        assert "| losses | fused loss, bf16 autocast | ok |" in capsys.readouterr().out
+    if stage == "flex":
+        flex = [row for row in rows if row["check"] != "stage"]
+        assert flex and all(row["status"] in ("ok", "not supported", "skipped: needs CUDA") for row in flex)
+    if stage == "train_compile":
+        [row] = [row for row in rows if row["check"] == "stage"]
+        assert row["recompiles"] >= 1  # TORCH_LOGS=recompiles reached the stage's log
