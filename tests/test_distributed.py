@@ -210,8 +210,8 @@ def demo_args(output_dir, tokenizer: str, *extra: str) -> list[str]:
 @pytest.mark.parametrize(
     "launch_flags, extra",
     [
-        pytest.param(FSDP_LAUNCH, [], id="fsdp2-sentence-batches"),
-        # and evaluation after training, whose translations every FSDP2 process decodes together (synced_gpus)
+        # FSDP2 through `accelerate launch --use_fsdp` (sentence batches under FSDP2: transformers' flags, below), and
+        # evaluation after training, whose translations every FSDP2 process decodes together (synced_gpus)
         pytest.param(FSDP_LAUNCH, [*TOKENS_ACCUMULATION, *EVALUATION], id="fsdp2-tokens-accumulation-evaluation"),
         pytest.param(DDP_LAUNCH, ["--gradient_accumulation_steps", "2"], id="ddp-sentence-batches-accumulation"),
         pytest.param(DDP_LAUNCH, TRANSFORMERS_FSDP, id="transformers-fsdp-flags"),
