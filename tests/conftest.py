@@ -1,18 +1,26 @@
 """Helpers shared by the tests: tiny configs, models and tokenizers, loading and running the scripts, one CPU thread."""
 
+import atexit
 import contextlib
 import importlib.util
 import os
 import random
+import shutil
 import site
 import socket
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 # before transformers imports huggingface_hub, which reads HF_HUB_OFFLINE once, at import
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# datasets' cache of this test process alone (each of `pytest -n`'s workers has its own), emptied at exit: not the
+# user's ~/.cache, where earlier runs' files and another worker's could meet these tests'
+if "HF_DATASETS_CACHE" not in os.environ:
+    os.environ["HF_DATASETS_CACHE"] = tempfile.mkdtemp(prefix="vanilla-transformer-tests-datasets-")
+    atexit.register(shutil.rmtree, os.environ["HF_DATASETS_CACHE"], ignore_errors=True)
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
