@@ -122,5 +122,5 @@ def read_lines(flag: str, path: str) -> list[str]:
     """The lines of a text file given as `flag`, without their line ends; a one-line error when it is missing."""
     if not os.path.isfile(path):
         raise ValueError(f"{flag} {path!r} does not exist.")
-    with open(path, encoding="utf-8", newline="") as f:
+    with open(path, encoding="utf-8") as f:
         return split_lines(f.read())

@@ -164,13 +164,14 @@ class TranslationTrainer(TrainerOverrides, BudgetSchedule, TokenBatchingSeq2SeqT
             token_counts=counts,
             **options,
         )
-        if not shared:
-            return translations, round(sum(counts) / max(len(encoded), 1), 4)
-        shares = gather_object([(translations, sum(counts))])  # one per process, in process order
-        gathered = [""] * len(encoded)
-        for index, (share, _) in enumerate(shares):
-            gathered[index::processes] = share
-        return gathered, round(sum(tokens for _, tokens in shares) / max(len(encoded), 1), 4)
+        tokens = sum(counts)
+        if shared:
+            shares = gather_object([(translations, tokens)])  # one per process, in process order
+            translations = [""] * len(encoded)
+            for index, (share, _) in enumerate(shares):
+                translations[index::processes] = share
+            tokens = sum(share_tokens for _, share_tokens in shares)
+        return translations, round(tokens / max(len(encoded), 1), 4)
 
     def end(self) -> None:
         """``Trainer.end()`` (destroy the process group), once every process has got here and the model wrapped for
