@@ -182,6 +182,18 @@ def gloo_worker_threads() -> int:
     return names.count("pt_gloo_runloop")
 
 
+def gloo_worker_threads_settled(seconds: float = 10.0) -> int:
+    """The count once it has held for half a second, or after `seconds`: gloo starts its threads asynchronously, and
+    on a busy machine some may not be listed yet."""
+    deadline, count = time.monotonic() + seconds, gloo_worker_threads()
+    while time.monotonic() < deadline:
+        time.sleep(0.5)
+        if (again := gloo_worker_threads()) == count:
+            break
+        count = again
+    return count
+
+
 def gloo_worker_threads_once_ended(expected: int, seconds: float = 10.0) -> int:
     """The count once it is down to `expected`, or after `seconds`: a thread told to end may still be listed for a
     moment on a busy machine."""
@@ -294,7 +306,7 @@ def test_torch_gloo_workers_still_outlive_destroy_process_group_under_ddp(monkey
         monkeypatch.setenv(name, value)
     torch.distributed.init_process_group("gloo", rank=0, world_size=1)
     ddp = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(2, 2))
-    started = gloo_worker_threads() - before
+    started = gloo_worker_threads_settled() - before
     assert started > 0
     torch.distributed.destroy_process_group()
     assert gloo_worker_threads() - before == started
@@ -304,7 +316,7 @@ def test_torch_gloo_workers_still_outlive_destroy_process_group_under_ddp(monkey
 
     torch.distributed.init_process_group("gloo", rank=0, world_size=1)
     torch.distributed.all_reduce(torch.ones(2))  # gloo starts its workers at the first collective
-    assert gloo_worker_threads() - before == started
+    assert gloo_worker_threads_settled() - before == started
     torch.distributed.destroy_process_group()
     assert gloo_worker_threads_once_ended(before) == before
 
