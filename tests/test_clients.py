@@ -178,45 +178,26 @@ def test_flex_attention_can_be_chosen(which):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("which", MODELS)
-def test_flex_attention_matches_sdpa(which, fresh_compile):
+def test_flex_attention_matches_sdpa(fresh_compile):
     """Encoder self-, causal decoder self- and cross-attention with padding on both sides give sdpa's logits; greedy
     decoding of a padded batch and beam search of an unpadded one give its tokens, the cache included. Forward and
-    generation only: torch 2.13 runs flex attention's backward only on GPUs. (Tens of seconds: torch compiles the
-    flex kernels on the first calls.)"""
-    model = make(which, encoder_layers=1, decoder_layers=1)
+    generation only: torch 2.13 runs flex attention's backward only on GPUs.
+
+    Both models in one test, one after the other: torch compiles the flex kernels and block masks on the first calls
+    (about two minutes on 2 CPU cores with an empty inductor cache, as on a fresh CI machine), and Marian's calls, of
+    the same sizes and through the same transformers masks, reuse what the plug-in's compiled."""
     inputs, unpadded = batch(), batch(pad=False)
     forward = padded_decoder_inputs(inputs)
     greedy = dict(input_ids=inputs["input_ids"], attention_mask=inputs["attention_mask"], max_new_tokens=5)
     beams = dict(input_ids=unpadded["input_ids"], max_new_tokens=5, num_beams=3, min_new_tokens=5)
-    with torch.no_grad():
-        expected = [model(**forward).logits, model.generate(**greedy), model.generate(**beams)]
-        model.set_attn_implementation("flex_attention")
-        torch.testing.assert_close(model(**forward).logits, expected[0], atol=1e-4, rtol=0)
-        assert torch.equal(model.generate(**greedy), expected[1])
-        assert torch.equal(model.generate(**beams), expected[2])
-
-
-@pytest.mark.slow
-def test_flex_beam_search_over_a_padded_batch_fares_as_with_marian(fresh_compile):
-    """torch 2.13's CPU flex kernel fails to compile once the batch size changes under a padding mask (beam search
-    over a padded batch, a second padded batch of another size), for Marian as for the plug-in (docs/clients.md):
-    whatever torch does, both fare the same, and where it works, both give sdpa's tokens."""
-    inputs = batch()
-    beams = dict(input_ids=inputs["input_ids"], attention_mask=inputs["attention_mask"], max_new_tokens=5, num_beams=2)
-    outcomes = {}
     for which in MODELS:
-        torch._dynamo.reset()
         model = make(which, encoder_layers=1, decoder_layers=1)
         with torch.no_grad():
-            expected = model.generate(**beams)
+            expected = [model(**forward).logits, model.generate(**greedy), model.generate(**beams)]
             model.set_attn_implementation("flex_attention")
-            try:
-                outcomes[which] = torch.equal(model.generate(**beams), expected)
-            except Exception as error:  # any failure counts, as long as both models fail alike
-                outcomes[which] = type(error).__name__
-    assert outcomes["vanilla"] == outcomes["marian"], outcomes
-    assert outcomes["vanilla"] is not False  # where it runs, it gives sdpa's tokens
+            torch.testing.assert_close(model(**forward).logits, expected[0], atol=1e-4, rtol=0, msg=which)
+            assert torch.equal(model.generate(**greedy), expected[1]), which
+            assert torch.equal(model.generate(**beams), expected[2]), which
 
 
 # ---------------------------------------------------------------- torchao
