@@ -38,8 +38,6 @@ FSDP_LAUNCH = [
 DDP_LAUNCH = ["--multi_gpu"]
 TOKENS_ACCUMULATION = ["--max_tokens_per_batch", "1024", "--gradient_accumulation_steps", "2"]
 EVALUATION = ["--do_eval", "--max_eval_samples", "8"]
-WRAP_LAYERS = '{"transformer_layer_cls_to_wrap": ["EncoderLayer", "DecoderLayer"]}'
-TRANSFORMERS_FSDP = ["--fsdp", "full_shard auto_wrap", "--fsdp_config", WRAP_LAYERS]
 
 # Runs train.py's recipe, with FSDP2 on these CPU processes through the test setup (fsdp_on_cpu.py). MISMATCH=1 makes
 # process 1 run its first training step twice, a pass the other process does not run: FSDP2's gathers stop matching.
@@ -210,11 +208,10 @@ def demo_args(output_dir, tokenizer: str, *extra: str) -> list[str]:
 @pytest.mark.parametrize(
     "launch_flags, extra",
     [
-        # FSDP2 through `accelerate launch --use_fsdp` (sentence batches under FSDP2: transformers' flags, below), and
-        # evaluation after training, whose translations every FSDP2 process decodes together (synced_gpus)
+        # FSDP2 through `accelerate launch --use_fsdp` (sentence batches under FSDP2, through transformers' flags:
+        # test_sharding), and evaluation after training, whose translations every FSDP2 process decodes together
         pytest.param(FSDP_LAUNCH, [*TOKENS_ACCUMULATION, *EVALUATION], id="fsdp2-tokens-accumulation-evaluation"),
         pytest.param(DDP_LAUNCH, ["--gradient_accumulation_steps", "2"], id="ddp-sentence-batches-accumulation"),
-        pytest.param(DDP_LAUNCH, TRANSFORMERS_FSDP, id="transformers-fsdp-flags"),
     ],
 )
 @pytest.mark.distributed
@@ -224,7 +221,12 @@ def test_several_processes_train_the_demo_batches_on_the_defaults(tmp_path, toke
     assert code == 0, output[-3000:]
     assert "over 2 processes, gloo" in output
     # the loss, said when training starts: without logits under DDP; FSDP2's unit of lm_head has hooks it would bypass
-    sharded = "--use_fsdp" in launch_flags or "--fsdp" in extra
+    sharded = "--use_fsdp" in launch_flags
+    if not sharded:  # the start-up summary, read from Accelerate after set-up
+        assert "parallelism: DDP over 2 processes, gloo on cpu" in output and "FSDP" not in output
+        assert "global batch 64 pairs per device x 2 processes x 2 accumulation steps = 256 pairs" in output
+        # process 0 tokenises and says for how long the other waits (training/preparation.py)
+        assert "train.py: tokenising 4,000 pairs; 1 other process waits for it up to 24 h" in output
     if sharded:
         loss = "model.loss_function on the logits (lm_head has forward hooks (an FSDP unit or another hook)"
     else:
@@ -239,7 +241,7 @@ def test_several_processes_train_the_demo_batches_on_the_defaults(tmp_path, toke
     # (workarounds.torch_gloo_group_teardown; under FSDP2 DTensor's caches keep it until the interpreter exits)
     groups = [json.loads((tmp_path / f"group-{rank}.json").read_text()) for rank in (0, 1)]
     assert [group["initialized"] for group in groups] == [False, False]
-    if "--use_fsdp" not in launch_flags and "--fsdp" not in extra:
+    if not sharded:
         assert [group["gloo worker threads"] for group in groups] == [0, 0]
 
 

@@ -695,68 +695,6 @@ def test_resumed_run_ends_with_the_weights_of_an_uninterrupted_one(tmp_path, dem
         assert torch.equal(straight[name], resumed[name]), name
 
 
-LAUNCHER = '''
-import importlib.util, json, os, sys
-import torch
-from transformers import TrainerCallback
-
-from vanilla_transformer.training import recipe
-
-
-class Watch(TrainerCallback):
-    """Records, on each rank, the training batches its model sees, then its final weights."""
-
-    def __init__(self, folder):
-        self.folder, self.batches = folder, []
-
-    def on_train_begin(self, args, state, control, model=None, **kwargs):
-        def record(module, inputs, kw):
-            if module.training:
-                self.batches.append([row[row != 0].tolist() for row in kw["input_ids"]])
-        model.register_forward_pre_hook(record, with_kwargs=True)
-
-    def on_train_end(self, args, state, control, model=None, **kwargs):
-        rank = args.process_index
-        torch.save(model.state_dict(), os.path.join(self.folder, f"rank{rank}.pt"))
-        with open(os.path.join(self.folder, f"rank{rank}.json"), "w") as f:
-            json.dump({"world_size": args.world_size, "steps": state.global_step, "batches": self.batches}, f)
-
-
-recipe.main(sys.argv[2:], callbacks=[Watch(sys.argv[1])])
-'''
-
-
-@pytest.mark.distributed
-def test_accelerate_launch_two_processes_on_cpu(tmp_path):
-    launcher, watch = tmp_path / "launcher.py", tmp_path / "watch"
-    launcher.write_text(LAUNCHER)
-    watch.mkdir()
-    command = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2"]
-    command += ["--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no"]
-    command += ["--main_process_port", str(free_port()), str(launcher), str(watch)]
-    command += ["--output_dir", str(tmp_path / "run"), "--do_train", "--max_train_samples", "32", "--vocab_size", "300"]
-    command += ["--per_device_train_batch_size", "4", "--num_train_epochs", "1", "--save_strategy", "no", *TINY_MODEL]
-    result = subprocess.run(command, capture_output=True, text=True, env=script_env(tmp_path), timeout=300)
-    assert result.returncode == 0, result.stderr[-3000:]
-
-    ranks = [json.loads((watch / f"rank{r}.json").read_text()) for r in (0, 1)]
-    assert [r["world_size"] for r in ranks] == [2, 2]  # one gloo group, not two lone runs
-    # each optimizer step: 4 pairs on each rank, 8 different pairs in all: 32 pairs in 4 steps, not 8
-    assert [r["steps"] for r in ranks] == [4, 4]
-    assert [[len(batch) for batch in r["batches"]] for r in ranks] == [[4] * 4, [4] * 4]
-    seen = [tuple(row) for r in ranks for batch in r["batches"] for row in batch]
-    assert len(seen) == len(set(seen)) == 32  # every training pair once, on one rank
-    weights = [torch.load(watch / f"rank{r}.pt", weights_only=True) for r in (0, 1)]
-    for name in weights[0]:
-        assert torch.equal(weights[0][name], weights[1][name]), name
-    assert "global batch 4 pairs per device x 2 processes x 1 accumulation steps = 8 pairs" in result.stdout
-    assert "parallelism: DDP over 2 processes, gloo on cpu" in result.stdout  # read from Accelerate after set-up
-    # process 0 prepares the data and says for how long the other waits (training/preparation.py)
-    assert "train.py: training the tokenizer on 32 pairs; 1 other process waits for it up to 24 h" in result.stdout
-    assert "train.py: tokenising 32 pairs; 1 other process waits for it up to 24 h" in result.stdout
-    assert "FSDP" not in result.stdout
-
-
 # --------------------------------------------------------------------------------------------------------------------
 # Bad input: one line, before any training
 # --------------------------------------------------------------------------------------------------------------------
