@@ -155,7 +155,7 @@ DRY_RUN_CHECKS = {
     "train_fp16": set(),
     "translate": {"ctranslate2 --device auto"},
     "marian_speed": {"tiny training step against Marian"},
-    "fsdp": {"FSDP2 save and --resume_from_checkpoint last"},
+    "fsdp": set(),
     "flex": set(),
     "static_cache": {"greedy, static cache against dynamic"},
     "train_compile": {"train.py --torch_compile true"},
@@ -221,9 +221,6 @@ def test_cpu_dry_run_of_each_stage(stage, tmp_path, monkeypatch, capsys):
     assert DRY_RUN_CHECKS[stage] <= {row["check"] for row in rows}, log[-5000:]
     if stage == "losses":
         assert "| losses | fused loss, bf16 autocast | ok |" in capsys.readouterr().out
-    if stage == "flex":
-        flex = [row for row in rows if row["check"] != "stage"]
-        assert flex and all(row["status"] in ("ok", "not supported", "skipped: needs CUDA") for row in flex)
     if stage == "train_compile":
         [row] = [row for row in rows if row["check"] == "stage"]
         assert row["recompiles"] >= 1  # TORCH_LOGS=recompiles reached the stage's log
