@@ -1,6 +1,7 @@
 """benchmarks/gpu.sh and its driver benchmarks/gpu_check.py: the CPU dry run runs every stage that a CPU can (the
-others say they need CUDA), a stage cut off by its time limit loses only itself, the budget skips what no longer
-fits, and the wheel folder carries what the package needs without torch.
+others say they need CUDA), the fsdp stage launches a save then a resume and checks what they left (on fake launches),
+a stage cut off by its time limit loses only itself, the budget skips what no longer fits, and the wheel folder
+carries what the package needs without torch.
 
 What only a GPU can show (the figures, CUDA kernels, NCCL, compiled kernels) is what gpu.sh is for; nothing here
 asserts a speed."""
@@ -10,6 +11,7 @@ import os
 import subprocess
 import sys
 import time
+from types import SimpleNamespace
 
 import pytest
 from conftest import ROOT, load_script
@@ -143,6 +145,72 @@ def test_the_wheel_folder_carries_what_the_package_needs_but_not_torch_and_what_
     kept = [entry["metadata"]["name"] for entry in prepare.needed(items, "3.12", {"torch", "numpy"})]
     assert kept == ["accelerate", "filelock", "hf-xet", "huggingface_hub", "transformers"]
     assert "tomli" in [entry["metadata"]["name"] for entry in prepare.needed(items, "3.10", {"torch", "numpy"})]
+
+
+# docs/training.md's "Sharded: FSDP2": one unit per encoder/decoder layer, a full state dict in checkpoints
+FSDP2_FLAGS = [
+    *("--use_fsdp", "--fsdp_version", "2", "--fsdp_auto_wrap_policy", "TRANSFORMER_BASED_WRAP"),
+    *("--fsdp_transformer_layer_cls_to_wrap", "EncoderLayer,DecoderLayer", "--fsdp_state_dict_type", "FULL_STATE_DICT"),
+    *("--fsdp_reshard_after_forward", "true"),
+]
+# what train.py says of it on one GPU
+NCCL = "FSDP2 (full shard, wrapping EncoderLayer, DecoderLayer, FULL_STATE_DICT) over 1 process, nccl on cuda"
+
+
+def last_value(command: list[str], flag: str) -> str:
+    """A flag's value; of a flag given twice, the last one, as argparse takes it."""
+    return command[len(command) - command[::-1].index(flag)]
+
+
+@pytest.mark.parametrize(
+    "launches, status",
+    [
+        (dict(), "ok"),
+        (dict(ends_at=20), "FAIL: resumed run ended at step 20, not 30; no loss logged after the resume"),
+        (dict(parallelism=NCCL.replace("nccl", "gloo")), "FAIL: not over NCCL"),
+        (dict(saves=False), "FAIL: no checkpoint-20"),
+    ],
+    ids=["ok", "resumed run ends early", "over gloo", "no checkpoint"],
+)
+def test_fsdp_stage_launches_a_save_then_a_resume_and_checks_what_they_left(launches, status, tmp_path, monkeypatch):
+    """The fsdp stage (CUDA only) on fake launches, without CUDA: two `accelerate launch`es of train.py with FSDP2
+    over one process, the second resuming from the first's last checkpoint to a later step; its row says what went
+    wrong in what the launches printed and left behind."""
+    commands = []
+
+    class Launch:  # `accelerate launch ... train.py`: the start-up line, checkpoints and trainer_state.json
+        def __init__(self, command, **kwargs):
+            commands.append(command)
+            output_dir, every = last_value(command, "--output_dir"), int(last_value(command, "--save_steps"))
+            steps = launches.get("ends_at") or int(last_value(command, "--max_steps"))
+            for step in range(every, steps + 1, every) if launches.get("saves", True) else ():
+                os.makedirs(os.path.join(output_dir, f"checkpoint-{step}"), exist_ok=True)
+            os.makedirs(output_dir, exist_ok=True)
+            state = {"global_step": steps, "log_history": [{"loss": 2.0, "step": s} for s in range(1, steps + 1)]}
+            with open(os.path.join(output_dir, "trainer_state.json"), "w") as f:
+                json.dump(state, f)
+            parallelism = launches.get("parallelism", NCCL)
+            self.stdout = [f"model: 1.2M parameters; parallelism: {parallelism}\n", "{'train_loss': 2.0}\n"]
+
+        def wait(self):
+            return 0
+
+    fake = SimpleNamespace(Popen=Launch, PIPE=subprocess.PIPE, STDOUT=subprocess.STDOUT)
+    monkeypatch.setattr(gpu_check, "subprocess", fake)
+    ctx = gpu_check.Context("fsdp", "cuda", str(tmp_path / "work"), str(tmp_path / "results.jsonl"))
+    gpu_check.stage_fsdp(ctx)
+
+    train, resume = commands
+    assert train[:3] == [sys.executable, "-m", "accelerate.commands.launch"]
+    assert last_value(train, "--num_processes") == "1" and last_value(train, "--mixed_precision") == "bf16"
+    start = train.index("--use_fsdp")
+    assert train[start : start + len(FSDP2_FLAGS) + 1] == [*FSDP2_FLAGS, str(ROOT / "scripts" / "train.py")]
+    assert last_value(train, "--max_steps") == "20" and "--resume_from_checkpoint" not in train
+    assert last_value(train, "--bf16") == "true" and last_value(train, "--save_steps") == "10"
+    assert resume == [*train, "--max_steps", "30", "--resume_from_checkpoint", "last"]
+    [row] = gpu_check.read_rows(ctx.results)
+    assert (row["check"], row["status"]) == ("FSDP2 save and --resume_from_checkpoint last", status)
+    assert row["parallelism"] == launches.get("parallelism", NCCL) and row["steps"] == "20 then 21-30"
 
 
 # What each stage's CPU dry run records beside its "stage" row (a stage added to gpu_check.STAGES must be added here)
