@@ -249,13 +249,14 @@ def test_every_stage_has_its_dry_run_checks_listed():
 
 
 @pytest.mark.slow
-def test_gpu_sh_runs_the_stages_it_is_given_on_a_cpu_and_says_which_need_cuda(tmp_path):
+def test_gpu_sh_hands_its_flags_to_gpu_check_which_says_which_stages_need_cuda(tmp_path):
     """`bash benchmarks/gpu.sh --no-install --device cpu --stages ...`: the wrapper hands its flags to gpu_check.py,
-    which runs the stage and skips the CUDA-only one with a line saying so; the table and the JSON hold both."""
+    which skips each stage that needs CUDA with a line saying why; the table and the JSON hold them. (Two CUDA-only
+    stages: no stage's process starts.)"""
     out = tmp_path / "out"
     completed = subprocess.run(
         ["bash", str(ROOT / "benchmarks" / "gpu.sh"), "--no-install", "--device", "cpu", "--output_dir", str(out)]
-        + ["--work_dir", str(tmp_path / "work"), "--stages", "environment", "train_fp16"],
+        + ["--work_dir", str(tmp_path / "work"), "--stages", "train_fp16", "fsdp"],
         capture_output=True,
         text=True,
         env=dry_run_environment(tmp_path),
@@ -263,10 +264,16 @@ def test_gpu_sh_runs_the_stages_it_is_given_on_a_cpu_and_says_which_need_cuda(tm
         check=False,
     )
     assert completed.returncode == 0, completed.stdout[-3000:] + completed.stderr[-3000:]
-    statuses = {row["stage"]: row["status"] for row in stage_rows(out) if row["check"] == "stage"}
-    assert statuses["environment"] == "ok"
-    assert statuses["train_fp16"].startswith("skipped: needs CUDA")
+    summary = json.loads((out / gpu_check.SUMMARY).read_text())
+    assert summary["device"] == "cpu"
+    rows = [(row["stage"], row["check"], row["status"]) for row in summary["rows"]]
+    assert rows == [
+        ("train_fp16", "stage", f"skipped: needs CUDA ({gpu_check.STAGES['train_fp16'].needs_cuda})"),
+        ("fsdp", "stage", f"skipped: needs CUDA ({gpu_check.STAGES['fsdp'].needs_cuda})"),
+    ]
+    assert "] fsdp: skipped: needs CUDA (FSDP2 over NCCL" in completed.stdout
     assert "| train_fp16 | stage | skipped: needs CUDA" in completed.stdout
+    assert not (out / gpu_check.LOG).read_text()  # no stage ran
 
 
 @pytest.mark.slow
