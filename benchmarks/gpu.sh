@@ -25,9 +25,9 @@ export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_
 export PIP_DISABLE_PIP_VERSION_CHECK=1
 
 # Where `import vanilla_transformer` leads when run from outside the repository (from inside, the working directory
-# on sys.path would find this checkout whatever is installed).
+# on sys.path would find this checkout whatever is installed), found without the import, which takes seconds.
 package_root() {
-    (cd / && "$PYTHON" -c "import os, vanilla_transformer as v; print(os.path.dirname(os.path.dirname(os.path.realpath(v.__file__))))" 2>/dev/null)
+    (cd / && "$PYTHON" -c "import os, importlib.util as u; print(os.path.dirname(os.path.dirname(os.path.realpath(u.find_spec('vanilla_transformer').origin))))" 2>/dev/null)
 }
 
 if [ "$install" = 1 ]; then
