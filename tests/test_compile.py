@@ -67,12 +67,11 @@ def test_training_over_varying_lengths_compiles_as_few_graphs_as_marian(kwargs):
 
 @pytest.mark.slow
 def test_marian_compiles_this_many_graphs_and_ours_as_many_in_other_settings():
-    """Beside a MarianMTModel of the same size: ours without label smoothing too, and at batch sizes that are not
-    multiples of 16 (the old loss recompiled on (batch × length) % 16)."""
+    """Beside a MarianMTModel of the same size: ours without label smoothing too, and at a batch size that is not a
+    multiple of 16 (the old loss recompiled on (batch × length) % 16; batch 3 above is one too)."""
     marian = tiny_marian(**SIZE)
     assert len(compiled_graphs(marian, batches(3))) == MARIAN_GRAPHS
-    settings = [({}, 3), ({"skip_logits": True}, 3)]
-    settings += [({"label_smoothing": 0.1, "skip_logits": True}, batch_size) for batch_size in (5, 17)]
+    settings = [({}, 3), ({"skip_logits": True}, 3), ({"label_smoothing": 0.1, "skip_logits": True}, 5)]
     for kwargs, batch_size in settings:
         graphs = compiled_graphs(tiny_model(**SIZE), batches(batch_size), **kwargs)
         assert len(graphs) <= MARIAN_GRAPHS + 1, (kwargs, batch_size)

@@ -117,7 +117,6 @@ def test_onnx_export_saves_and_loads_back(one_thread, tmp_path):
         ("dynamo", False, "dynamic"),
         ("dynamo", True, "dynamic"),
         ("dynamo", False, "static"),
-        ("onnx", False, "dynamic"),
         ("onnx", True, "dynamic"),
     ],
 )
