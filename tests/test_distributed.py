@@ -197,10 +197,10 @@ def tokenizer(tmp_path_factory) -> str:
 
 
 def demo_args(output_dir, tokenizer: str, *extra: str) -> list[str]:
-    """The demo's defaults (small preset, 64 pairs of mixed length per process, dropout) for 24 steps."""
+    """The demo's defaults (small preset, 64 pairs of mixed length per process, dropout) for 12 steps."""
     return [
-        *("--output_dir", str(output_dir), "--tokenizer_name", tokenizer, "--do_train", "--max_steps", "24"),
-        *("--max_train_samples", "4000", "--logging_steps", "8", "--disable_tqdm", "true", "--report_to", "none"),
+        *("--output_dir", str(output_dir), "--tokenizer_name", tokenizer, "--do_train", "--max_steps", "12"),
+        *("--max_train_samples", "4000", "--logging_steps", "4", "--disable_tqdm", "true", "--report_to", "none"),
         *extra,
     ]
 
@@ -233,7 +233,7 @@ def test_several_processes_train_the_demo_batches_on_the_defaults(tmp_path, toke
         loss = "cross-entropy without logits (lm_head is a plain nn.Linear on cpu)"
     assert f"loss: label smoothing 0.1, {loss}" in output
     state = json.loads((tmp_path / "out" / "trainer_state.json").read_text())
-    assert state["global_step"] == 24
+    assert state["global_step"] == 12
     if "--do_eval" in extra:  # translated and scored as translate.py does
         results = json.loads((tmp_path / "out" / "all_results.json").read_text())
         assert results["eval_samples"] == 8 and 0 <= results["eval_bleu"] <= 100 and results["eval_loss"] > 0
