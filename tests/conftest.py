@@ -3,6 +3,7 @@
 import atexit
 import contextlib
 import importlib.util
+import logging
 import os
 import random
 import shutil
@@ -95,6 +96,23 @@ def tiny_marian(**overrides) -> MarianMTModel:
 @pytest.fixture(autouse=True)
 def _seed():
     torch.manual_seed(0)
+
+
+@contextlib.contextmanager
+def transformers_warnings(caplog):
+    """caplog's records of transformers' warnings, each once: listened to on transformers' own logger, which stops
+    propagating to the root logger (caplog's) meanwhile, as it does by default (a test before may have turned that
+    on, and each record would then arrive twice)."""
+    library = logging.getLogger("transformers")
+    propagate = library.propagate
+    library.addHandler(caplog.handler)
+    library.propagate = False
+    try:
+        with caplog.at_level(logging.WARNING, logger="transformers"):
+            yield
+    finally:
+        library.removeHandler(caplog.handler)
+        library.propagate = propagate
 
 
 @contextlib.contextmanager

@@ -1,15 +1,13 @@
 """Tied weights: the token embedding that serves both stacks, and the pre-softmax projection tied to it
 (§3.4), load, reload and resume without missing keys, without a parameter left on the meta device, and still tied."""
 
-import contextlib
 import copy
-import logging
 import os
 from unittest.mock import patch
 
 import pytest
 import torch
-from conftest import TINY_OVERRIDES, tiny_config
+from conftest import TINY_OVERRIDES, tiny_config, transformers_warnings
 from safetensors.torch import save_file
 from transformers import PreTrainedModel, set_seed
 
@@ -57,18 +55,6 @@ def expected_groups(cls, options: dict) -> list[set[str]]:
     if shared:
         return [stacks | {f"{prefix}shared.weight"} | ({"lm_head.weight"} if tied else set())]
     return [{"lm_head.weight", f"{prefix}decoder.embeddings.embed_tokens.weight"}] if tied else []
-
-
-@contextlib.contextmanager
-def transformers_warnings(caplog):
-    """transformers' loggers do not propagate to the root logger, where caplog listens: listen on theirs."""
-    library = logging.getLogger("transformers")
-    library.addHandler(caplog.handler)
-    try:
-        with caplog.at_level(logging.WARNING, logger="transformers"):
-            yield
-    finally:
-        library.removeHandler(caplog.handler)
 
 
 def on_meta(model: torch.nn.Module) -> list[str]:

@@ -13,7 +13,6 @@ import dataclasses
 import functools
 import gc
 import inspect
-import logging
 import os
 import subprocess
 import sys
@@ -26,7 +25,7 @@ import pytest
 import torch
 import transformers
 from accelerate.data_loader import BatchSamplerShard, prepare_data_loader, skip_first_batches
-from conftest import LAUNCH_ENV, free_port, tiny_model
+from conftest import LAUNCH_ENV, free_port, tiny_model, transformers_warnings
 from torch.utils.data import DataLoader
 from transformers import Seq2SeqTrainer, Trainer, TrainerCallback, TrainingArguments
 
@@ -376,13 +375,8 @@ def test_transformers_still_warns_about_tied_names_on_resume(caplog):
     stored_once = {name: tensor for name, tensor in model.state_dict().items() if name not in tied_names(model)}
     load_result = model.load_state_dict(stored_once, strict=False)
     assert set(load_result.missing_keys) == set(tied_names(model)) != set()
-    library = logging.getLogger("transformers")  # its loggers do not propagate to the root logger, caplog's
-    library.addHandler(caplog.handler)
-    try:
-        with caplog.at_level(logging.WARNING, logger="transformers"):
-            Trainer._issue_warnings_after_load(SimpleNamespace(model=model), load_result)
-    finally:
-        library.removeHandler(caplog.handler)
+    with transformers_warnings(caplog):
+        Trainer._issue_warnings_after_load(SimpleNamespace(model=model), load_result)
     (record,) = caplog.records
     assert "missing keys" in record.getMessage() and "lm_head.weight" in record.getMessage()
     kept = transformers_tied_names_missing_on_resume.drop_loaded_tied_names(load_result, model)
