@@ -42,6 +42,14 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         items.sort(key=lambda item: not (item.get_closest_marker("slow") or item.get_closest_marker("distributed")))
 
 
+# `accelerate launch` flags of docs/training.md's "Sharded: FSDP2": FSDP2, one unit per encoder/decoder layer, a full
+# state dict in checkpoints
+FSDP_LAUNCH = [
+    *("--use_fsdp", "--fsdp_version", "2", "--fsdp_auto_wrap_policy", "TRANSFORMER_BASED_WRAP"),
+    *("--fsdp_transformer_layer_cls_to_wrap", "EncoderLayer,DecoderLayer", "--fsdp_state_dict_type", "FULL_STATE_DICT"),
+    *("--fsdp_reshard_after_forward", "true"),
+]
+
 # --config_overrides of the scripts' end-to-end tests: a 1+1-layer, d_model 32 model
 TINY_OVERRIDES = (
     "d_model=32,encoder_layers=1,decoder_layers=1,encoder_attention_heads=2,decoder_attention_heads=2,"

@@ -20,7 +20,7 @@ from pathlib import Path
 import psutil
 import pytest
 import torch
-from conftest import ROOT, TINY_OVERRIDES, free_port, script_env
+from conftest import FSDP_LAUNCH, ROOT, TINY_OVERRIDES, free_port, script_env
 from safetensors.torch import load_file
 
 from vanilla_transformer.training import recipe
@@ -30,11 +30,6 @@ from vanilla_transformer.training.tokenizer import iterate_texts, train_tokenize
 PROCESS_GROUP_TIMEOUT = "30"  # seconds a collective may wait for the other process (transformers' ddp_timeout)
 LAUNCH_TIMEOUT = 240  # seconds for a whole launch: far above a run's ~15 s, far below CI's limit
 
-FSDP_LAUNCH = [
-    *("--use_fsdp", "--fsdp_version", "2", "--fsdp_auto_wrap_policy", "TRANSFORMER_BASED_WRAP"),
-    *("--fsdp_transformer_layer_cls_to_wrap", "EncoderLayer,DecoderLayer", "--fsdp_state_dict_type", "FULL_STATE_DICT"),
-    *("--fsdp_reshard_after_forward", "true"),
-]
 DDP_LAUNCH = ["--multi_gpu"]
 TOKENS_ACCUMULATION = ["--max_tokens_per_batch", "1024", "--gradient_accumulation_steps", "2"]
 EVALUATION = ["--do_eval", "--max_eval_samples", "8"]

@@ -14,7 +14,7 @@ import time
 from types import SimpleNamespace
 
 import pytest
-from conftest import ROOT, load_script
+from conftest import FSDP_LAUNCH, ROOT, load_script
 
 gpu_check = load_script("gpu_check", folder="benchmarks")
 
@@ -147,12 +147,6 @@ def test_the_wheel_folder_carries_what_the_package_needs_but_not_torch_and_what_
     assert "tomli" in [entry["metadata"]["name"] for entry in prepare.needed(items, "3.10", {"torch", "numpy"})]
 
 
-# docs/training.md's "Sharded: FSDP2": one unit per encoder/decoder layer, a full state dict in checkpoints
-FSDP2_FLAGS = [
-    *("--use_fsdp", "--fsdp_version", "2", "--fsdp_auto_wrap_policy", "TRANSFORMER_BASED_WRAP"),
-    *("--fsdp_transformer_layer_cls_to_wrap", "EncoderLayer,DecoderLayer", "--fsdp_state_dict_type", "FULL_STATE_DICT"),
-    *("--fsdp_reshard_after_forward", "true"),
-]
 # what train.py says of it on one GPU
 NCCL = "FSDP2 (full shard, wrapping EncoderLayer, DecoderLayer, FULL_STATE_DICT) over 1 process, nccl on cuda"
 
@@ -204,7 +198,7 @@ def test_fsdp_stage_launches_a_save_then_a_resume_and_checks_what_they_left(laun
     assert train[:3] == [sys.executable, "-m", "accelerate.commands.launch"]
     assert last_value(train, "--num_processes") == "1" and last_value(train, "--mixed_precision") == "bf16"
     start = train.index("--use_fsdp")
-    assert train[start : start + len(FSDP2_FLAGS) + 1] == [*FSDP2_FLAGS, str(ROOT / "scripts" / "train.py")]
+    assert train[start : start + len(FSDP_LAUNCH) + 1] == [*FSDP_LAUNCH, str(ROOT / "scripts" / "train.py")]
     assert last_value(train, "--max_steps") == "20" and "--resume_from_checkpoint" not in train
     assert last_value(train, "--bf16") == "true" and last_value(train, "--save_steps") == "10"
     assert resume == [*train, "--max_steps", "30", "--resume_from_checkpoint", "last"]

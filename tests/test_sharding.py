@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import fsdp_on_cpu
 import pytest
 import torch
-from conftest import ROOT, TINY_OVERRIDES, free_port, script_env
+from conftest import FSDP_LAUNCH, ROOT, TINY_OVERRIDES, free_port, script_env
 from safetensors.torch import load_file
 
 from vanilla_transformer.training import recipe
@@ -19,12 +19,6 @@ from vanilla_transformer.training.data import demo_corpus
 from vanilla_transformer.training.sharding import check_parallelism_can_run
 from vanilla_transformer.training.tokenizer import iterate_texts, train_tokenizer
 
-# the flags the training doc shows: FSDP2, one unit per encoder/decoder layer, a full state dict in checkpoints
-FSDP_LAUNCH = [
-    *("--use_fsdp", "--fsdp_version", "2", "--fsdp_auto_wrap_policy", "TRANSFORMER_BASED_WRAP"),
-    *("--fsdp_transformer_layer_cls_to_wrap", "EncoderLayer,DecoderLayer", "--fsdp_state_dict_type", "FULL_STATE_DICT"),
-    *("--fsdp_reshard_after_forward", "true"),
-]
 # transformers' own flags for the same thing, with a plain multi-process launch; rank 0 alone builds the weights and
 # sends each process its shards (cpu_ram_efficient_loading)
 TRANSFORMERS_FSDP = [
