@@ -1011,6 +1011,8 @@ def parse_arguments(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--missing", action="store_true", help="Print the requirements not installed, and exit.")
     parser.add_argument("--stage", choices=list(STAGES), help=argparse.SUPPRESS)  # one stage, in this process
     args = parser.parse_args(argv)
+    if args.stage and STAGES[args.stage].needs_cuda and args.device != "cuda":
+        parser.error(f"stage {args.stage} needs CUDA ({STAGES[args.stage].needs_cuda})")
     args.output_dir, args.work_dir = os.path.abspath(args.output_dir), os.path.abspath(args.work_dir)
     return args
 

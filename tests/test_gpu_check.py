@@ -242,6 +242,16 @@ def test_every_stage_has_its_dry_run_checks_listed():
     assert list(DRY_RUN_CHECKS) == list(gpu_check.STAGES)
 
 
+@pytest.mark.parametrize("name", [name for name, stage in gpu_check.STAGES.items() if stage.needs_cuda])
+def test_a_cuda_only_stage_run_alone_on_a_cpu_is_refused_with_the_reason(name, tmp_path, capsys):
+    """The one-stage flag (what run_all starts each stage's process with) refuses a CUDA-only stage on a CPU too."""
+    with pytest.raises(SystemExit) as exit_info:
+        gpu_check.main(["--stage", name, "--device", "cpu", "--output_dir", str(tmp_path)])
+    assert exit_info.value.code == 2
+    assert f"stage {name} needs CUDA ({gpu_check.STAGES[name].needs_cuda})" in capsys.readouterr().err
+    assert not list(tmp_path.iterdir())  # nothing ran, nothing written
+
+
 @pytest.mark.slow
 def test_gpu_sh_hands_its_flags_to_gpu_check_which_says_which_stages_need_cuda(tmp_path):
     """`bash benchmarks/gpu.sh --no-install --device cpu --stages ...`: the wrapper hands its flags to gpu_check.py,
